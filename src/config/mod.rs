@@ -1,0 +1,426 @@
+//! Configuration: the YAML schema, its defaults and validation.
+
+pub mod yaml;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::mapping::{GlobalOptions, PackOptions, PackSpec, Rules};
+
+/// The embedded default configuration.
+pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
+
+/// The built-in packs, embedded at build time from `mappings/`.
+pub const BUILTIN_PACKS: &[(&str, &str)] = &[
+    ("vllm", include_str!("../../mappings/vllm.yaml")),
+    ("sglang", include_str!("../../mappings/sglang.yaml")),
+    ("lmcache", include_str!("../../mappings/lmcache.yaml")),
+    ("mooncake", include_str!("../../mappings/mooncake.yaml")),
+    ("dcgm", include_str!("../../mappings/dcgm.yaml")),
+    ("rdma", include_str!("../../mappings/rdma.yaml")),
+    ("dynamo", include_str!("../../mappings/dynamo.yaml")),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}:{source}")]
+    Yaml {
+        file: String,
+        #[source]
+        source: yaml::YamlError,
+    },
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Rules(#[from] crate::mapping::CompileError),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: String,
+    #[serde(default = "default_paths")]
+    pub write_paths: Vec<String>,
+    #[serde(default)]
+    pub log_format: LogFormat,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub packs: PacksConfig,
+    #[serde(default)]
+    pub keep_original: bool,
+    #[serde(default = "yes")]
+    pub drop_created_series: bool,
+    #[serde(default)]
+    pub ingest_auth: Option<IngestAuth>,
+    #[serde(default = "default_shutdown", deserialize_with = "de_duration")]
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_decoded_bytes: usize,
+    pub max_series_per_request: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 << 20,
+            max_decoded_bytes: 256 << 20,
+            max_series_per_request: 1_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub url: String,
+    #[serde(default = "default_timeout", deserialize_with = "de_duration")]
+    pub timeout: Duration,
+    /// Extra headers set on every request (e.g. `X-Scope-OrgID`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Headers of the sender's request copied through (e.g. `X-Scope-OrgID`, `Authorization`).
+    #[serde(default)]
+    pub pass_headers: Vec<String>,
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuth>,
+    #[serde(default)]
+    pub bearer_token: Option<Secret>,
+    #[serde(default)]
+    pub tls: TlsConfig,
+}
+
+/// A secret read from a file or an environment variable, never written inline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    #[serde(default)]
+    pub env: Option<String>,
+}
+
+impl Secret {
+    pub fn read(&self) -> Result<String, ConfigError> {
+        match (&self.file, &self.env) {
+            (Some(f), None) => std::fs::read_to_string(f)
+                .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+                .map_err(|e| ConfigError::Io {
+                    file: f.display().to_string(),
+                    source: e,
+                }),
+            (None, Some(v)) => std::env::var(v)
+                .map_err(|_| ConfigError::Invalid(format!("environment variable {v} is not set"))),
+            _ => Err(ConfigError::Invalid(
+                "a secret needs exactly one of file or env".into(),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password: Secret,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+/// Authentication of senders: a bearer token they must present.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestAuth {
+    pub bearer_token: Secret,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacksConfig {
+    /// `all`, `none`, or a map of pack name → on/off (unlisted packs are on).
+    #[serde(default)]
+    pub builtin: BuiltinPacks,
+    /// Users' own mapping files, applied after the built-in packs.
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+    /// Per-pack `keep_original` overrides.
+    #[serde(default)]
+    pub keep_original: BTreeMap<String, bool>,
+}
+
+impl Default for PacksConfig {
+    fn default() -> Self {
+        PacksConfig {
+            builtin: BuiltinPacks::All,
+            files: Vec::new(),
+            keep_original: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub enum BuiltinPacks {
+    #[default]
+    All,
+    None,
+    Select(BTreeMap<String, bool>),
+}
+
+impl<'de> Deserialize<'de> for BuiltinPacks {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            Map(BTreeMap<String, bool>),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Word(w) if w == "all" => Ok(BuiltinPacks::All),
+            Raw::Word(w) if w == "none" => Ok(BuiltinPacks::None),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "builtin must be all, none or a map of pack: true|false, not {w:?}"
+            ))),
+            Raw::Map(m) => Ok(BuiltinPacks::Select(m)),
+        }
+    }
+}
+
+fn default_paths() -> Vec<String> {
+    vec!["/api/v1/write".into(), "/api/v1/push".into()]
+}
+fn yes() -> bool {
+    true
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_shutdown() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Parses `500ms`, `30s`, `1m`, `1h`, `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = 0f64;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("duration {t:?} needs a unit (ms, s, m, h)"))?;
+        let (num, after) = rest.split_at(num_len);
+        let n: f64 = num.parse().map_err(|_| format!("bad duration {t:?}"))?;
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let secs = match unit {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            _ => return Err(format!("bad duration unit {unit:?} in {t:?}")),
+        };
+        total += secs;
+        rest = after;
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+impl Config {
+    pub fn embedded_default() -> Config {
+        Config::parse(DEFAULT_CONFIG, "<embedded default>")
+            .expect("embedded default configuration is valid")
+    }
+
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+            file: file.to_string(),
+            source,
+        })?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            file: path.display().to_string(),
+            source: e,
+        })?;
+        let mut cfg = Config::parse(&text, &path.display().to_string())?;
+        // Mapping files are relative to the configuration file.
+        if let Some(dir) = path.parent() {
+            for f in &mut cfg.packs.files {
+                if f.is_relative() {
+                    *f = dir.join(&*f);
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Checks everything that can be checked without the network: backends, packs, rules.
+    pub fn validate(&self) -> Result<Rules, ConfigError> {
+        if self.write_paths.is_empty() || self.write_paths.iter().any(|p| !p.starts_with('/')) {
+            return Err(ConfigError::Invalid(
+                "write_paths must be absolute paths".into(),
+            ));
+        }
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| ConfigError::Invalid(format!("listen {:?}: {e}", self.listen)))?;
+        for b in &self.backends {
+            let uri: http::Uri = b
+                .url
+                .parse()
+                .map_err(|e| ConfigError::Invalid(format!("backend url {:?}: {e}", b.url)))?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "backend url {:?} must be http:// or https:// with a host",
+                    b.url
+                )));
+            }
+        }
+        self.compile_rules()
+    }
+
+    /// Loads the enabled packs (built-in, then users' files) and compiles them.
+    pub fn compile_rules(&self) -> Result<Rules, ConfigError> {
+        let mut packs = Vec::new();
+        let known: Vec<&str> = BUILTIN_PACKS.iter().map(|(n, _)| *n).collect();
+        if let BuiltinPacks::Select(m) = &self.packs.builtin {
+            for name in m.keys() {
+                if !known.contains(&name.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "unknown built-in pack {name:?} (known: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        for (name, text) in BUILTIN_PACKS {
+            let on = match &self.packs.builtin {
+                BuiltinPacks::All => true,
+                BuiltinPacks::None => false,
+                BuiltinPacks::Select(m) => m.get(*name).copied().unwrap_or(true),
+            };
+            if on {
+                let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
+                packs.push(spec);
+            }
+        }
+        for f in &self.packs.files {
+            let text = std::fs::read_to_string(f).map_err(|e| ConfigError::Io {
+                file: f.display().to_string(),
+                source: e,
+            })?;
+            packs.push(parse_pack(&text, &f.display().to_string())?);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &packs {
+            if !seen.insert(p.pack.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "two packs are named {:?}",
+                    p.pack
+                )));
+            }
+        }
+        let with_opts = packs
+            .into_iter()
+            .map(|p| {
+                let keep = self
+                    .packs
+                    .keep_original
+                    .get(&p.pack)
+                    .copied()
+                    .unwrap_or(self.keep_original);
+                let opts = PackOptions {
+                    name: p.pack.clone(),
+                    keep_original: keep,
+                };
+                (p, opts)
+            })
+            .collect::<Vec<_>>();
+        Ok(Rules::compile(
+            &with_opts,
+            &GlobalOptions {
+                drop_created_series: self.drop_created_series,
+            },
+        )?)
+    }
+}
+
+pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
+    yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+        file: file.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded_default();
+        assert_eq!(c.listen, "0.0.0.0:9201");
+        assert_eq!(c.backends[0].url, "http://127.0.0.1:9090/api/v1/write");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_position() {
+        let err = Config::parse("listen: 0.0.0.0:1\nbogus: 1\n", "x.yaml").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("x.yaml:2:"), "{msg}");
+        assert!(msg.contains("bogus"), "{msg}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+}

@@ -1,0 +1,233 @@
+//! A remote-write 1.0 backend reached over HTTP(S) with a pooled hyper client.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::{BackendSettings, Outcome, SendFuture, Sink};
+use crate::config::{BackendConfig, ConfigError};
+
+pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
+const REASON_LIMIT: usize = 512;
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+pub struct HttpBackend {
+    settings: BackendSettings,
+    client: HttpsClient,
+}
+
+impl HttpBackend {
+    pub fn from_config(cfg: &BackendConfig, index: usize) -> Result<HttpBackend, ConfigError> {
+        let url: http::Uri = cfg
+            .url
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("backend url {:?}: {e}", cfg.url)))?;
+        let name = cfg.name.clone().unwrap_or_else(|| {
+            if index == 0 {
+                "default".into()
+            } else {
+                format!("backend{index}")
+            }
+        });
+        let mut headers = HeaderMap::new();
+        for (k, v) in &cfg.headers {
+            let k: HeaderName = k.parse().map_err(|_| {
+                ConfigError::Invalid(format!("backend {name}: bad header name {k:?}"))
+            })?;
+            let v: HeaderValue = v.parse().map_err(|_| {
+                ConfigError::Invalid(format!("backend {name}: bad value for header {k}"))
+            })?;
+            headers.insert(k, v);
+        }
+        if let Some(b) = &cfg.basic_auth {
+            let password = b.password.read()?;
+            let token = base64_encode(format!("{}:{password}", b.username).as_bytes());
+            headers.insert(AUTHORIZATION, secret_header(&format!("Basic {token}"))?);
+        }
+        if let Some(t) = &cfg.bearer_token {
+            let token = t.read()?;
+            headers.insert(
+                AUTHORIZATION,
+                secret_header(&format!("Bearer {}", token.trim()))?,
+            );
+        }
+        let pass_headers = cfg
+            .pass_headers
+            .iter()
+            .map(|h| {
+                h.parse::<HeaderName>().map_err(|_| {
+                    ConfigError::Invalid(format!("backend {name}: bad pass_headers entry {h:?}"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls = super::tls::client_config(&cfg.tls)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(cfg.timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_max_idle_per_host(64)
+            .build(connector);
+        Ok(HttpBackend {
+            settings: BackendSettings {
+                name,
+                url,
+                timeout: cfg.timeout,
+                headers,
+                pass_headers,
+            },
+            client,
+        })
+    }
+
+    fn build_request(
+        &self,
+        body: Bytes,
+        incoming: &HeaderMap,
+    ) -> Result<Request<Full<Bytes>>, http::Error> {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(self.settings.url.clone())
+            .body(Full::new(body))?;
+        let h = req.headers_mut();
+        for name in &self.settings.pass_headers {
+            for v in incoming.get_all(name) {
+                h.append(name.clone(), v.clone());
+            }
+        }
+        for (k, v) in &self.settings.headers {
+            h.insert(k.clone(), v.clone());
+        }
+        // The reserved remote-write headers are always ours.
+        h.insert(CONTENT_ENCODING, HeaderValue::from_static("snappy"));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        h.insert(
+            HeaderName::from_static("x-prometheus-remote-write-version"),
+            HeaderValue::from_static("0.1.0"),
+        );
+        h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        Ok(req)
+    }
+
+    async fn send_inner(&self, body: Bytes, incoming: &HeaderMap) -> Outcome {
+        let req = match self.build_request(body, incoming) {
+            Ok(r) => r,
+            Err(e) => return Outcome::Unreachable(format!("building request: {e}")),
+        };
+        let started = Instant::now();
+        let name = self.settings.name.clone();
+        let result = tokio::time::timeout(self.settings.timeout, async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            let status = resp.status();
+            let retry_after = resp.headers().get(RETRY_AFTER).cloned();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Ok::<_, String>((status, retry_after, body))
+        })
+        .await;
+        metrics::histogram!("promnorm_backend_request_duration_seconds", "backend" => name.clone())
+            .record(started.elapsed().as_secs_f64());
+        let (code, outcome) = match result {
+            Err(_) => ("timeout".to_string(), Outcome::Timeout),
+            Ok(Err(e)) => ("error".to_string(), Outcome::Unreachable(e)),
+            Ok(Ok((status, retry_after, body))) => {
+                let outcome = if status.is_success() {
+                    Outcome::Delivered
+                } else {
+                    let mut reason = String::from_utf8_lossy(&body[..body.len().min(REASON_LIMIT)])
+                        .trim()
+                        .replace('\n', " ");
+                    if reason.is_empty() {
+                        reason = status.canonical_reason().unwrap_or("").to_string();
+                    }
+                    Outcome::Rejected {
+                        status,
+                        retry_after,
+                        reason,
+                    }
+                };
+                (status.as_u16().to_string(), outcome)
+            }
+        };
+        metrics::counter!("promnorm_backend_requests_total", "backend" => name, "code" => code)
+            .increment(1);
+        outcome
+    }
+}
+
+impl Sink for HttpBackend {
+    fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    fn send<'a>(&'a self, body: Bytes, incoming: &'a HeaderMap) -> SendFuture<'a> {
+        Box::pin(self.send_inner(body, incoming))
+    }
+}
+
+fn secret_header(v: &str) -> Result<HeaderValue, ConfigError> {
+    let mut h = HeaderValue::from_str(v)
+        .map_err(|_| ConfigError::Invalid("credential is not a valid header value".into()))?;
+    h.set_sensitive(true);
+    Ok(h)
+}
+
+fn base64_encode(input: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64() {
+        assert_eq!(super::base64_encode(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(super::base64_encode(b"a"), "YQ==");
+        assert_eq!(super::base64_encode(b"ab"), "YWI=");
+    }
+}

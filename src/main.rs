@@ -1,0 +1,171 @@
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use promnorm::config::{BackendConfig, Config, parse_duration};
+use promnorm::pipeline::{Pipeline, PipelineLimits};
+
+#[derive(Parser)]
+#[command(
+    name = "promnorm",
+    version,
+    about = "Prometheus remote-write proxy that normalises LLM-inference metrics"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (without --config: the embedded default configuration).
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen address, overrides the configuration.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Backend remote-write URL; repeatable; replaces the configured backends.
+        #[arg(long = "backend")]
+        backends: Vec<String>,
+    },
+    /// Validate a configuration file (and the packs it enables).
+    CheckConfig { file: PathBuf },
+    /// Run the pipeline on text-exposition files and print the output samples.
+    Normalize {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = "15s")]
+        interval: String,
+        files: Vec<PathBuf>,
+    },
+    /// Show which rules apply to a metric name and what it becomes.
+    Explain {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        name: String,
+    },
+    /// Print the version.
+    Version,
+}
+
+fn load(config: Option<&PathBuf>) -> anyhow::Result<Config> {
+    Ok(match config {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded_default(),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("promnorm: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Version => {
+            println!("promnorm {}", promnorm::VERSION);
+        }
+        Command::CheckConfig { file } => {
+            let cfg = Config::load(&file)?;
+            let rules = cfg.validate()?;
+            println!(
+                "{}: ok ({} packs, {} exact names)",
+                file.display(),
+                rules.packs().len(),
+                rules.exact_name_count()
+            );
+        }
+        Command::Explain { config, name } => {
+            let cfg = load(config.as_ref())?;
+            let rules = cfg.compile_rules()?;
+            match rules.plan_for(&name) {
+                None => println!("{name}: no rule applies; forwarded unchanged"),
+                Some(plan) => {
+                    println!("{name}:");
+                    for t in &plan.trace {
+                        println!("  {t}");
+                    }
+                    if plan.keep_original {
+                        println!("  keep_original: the original series is forwarded too");
+                    }
+                }
+            }
+        }
+        Command::Normalize {
+            config,
+            interval,
+            files,
+        } => {
+            let cfg = load(config.as_ref())?;
+            let rules = cfg.compile_rules()?;
+            let interval = parse_duration(&interval).map_err(anyhow::Error::msg)?;
+            let pipeline = Pipeline::new(Arc::new(rules), PipelineLimits::default());
+            let mut inputs = Vec::new();
+            if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") && files.len() == 1 {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                inputs.push(("<stdin>".to_string(), s));
+            } else {
+                for f in &files {
+                    let text = if f.as_os_str() == "-" {
+                        let mut s = String::new();
+                        std::io::stdin().read_to_string(&mut s)?;
+                        s
+                    } else {
+                        std::fs::read_to_string(f)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+                    };
+                    inputs.push((f.display().to_string(), text));
+                }
+            }
+            let out =
+                promnorm::normalize::normalize(&pipeline, &inputs, interval.as_millis() as i64)?;
+            print!("{out}");
+        }
+        Command::Serve {
+            config,
+            listen,
+            backends,
+        } => {
+            let mut cfg = load(config.as_ref())?;
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
+            if !backends.is_empty() {
+                cfg.backends = backends
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, url)| BackendConfig {
+                        name: Some(if i == 0 {
+                            "default".into()
+                        } else {
+                            format!("backend{i}")
+                        }),
+                        url,
+                        timeout: std::time::Duration::from_secs(30),
+                        headers: Default::default(),
+                        pass_headers: Vec::new(),
+                        basic_auth: None,
+                        bearer_token: None,
+                        tls: Default::default(),
+                    })
+                    .collect();
+            }
+            promnorm::telemetry::init_logging(cfg.log_format);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(promnorm::server::serve(cfg))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

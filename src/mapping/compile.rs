@@ -1,0 +1,901 @@
+//! Compiles packs into [`Rules`]: an ordered rule list plus a hash map from every series
+//! name that exact rules know to its precomputed [`Plan`]. Names that only prefix or regex
+//! rules match get their plan computed once and cached by the caller.
+
+use std::sync::Arc;
+
+use ahash::{AHashMap, AHashSet};
+use regex::Regex;
+
+use super::number::Factor;
+use super::spec::{FamilyType, PackSpec, RuleSpec};
+
+/// What a series' samples look like relative to its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Plain,
+    Total,
+    Bucket,
+    Sum,
+    Count,
+    Created,
+}
+
+impl Kind {
+    fn suffix(self) -> &'static str {
+        match self {
+            Kind::Plain => "",
+            Kind::Total => "_total",
+            Kind::Bucket => "_bucket",
+            Kind::Sum => "_sum",
+            Kind::Count => "_count",
+            Kind::Created => "_created",
+        }
+    }
+}
+
+/// What a rescale touches for one series kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleTarget {
+    /// Sample values (gauges, counters, `_sum`, summary quantiles) and exemplars.
+    Value,
+    /// The `le` label of `_bucket` series, and exemplars.
+    Le,
+}
+
+#[derive(Clone, Debug)]
+pub enum Action {
+    Drop(u16),
+    SetName(Box<str>),
+    RenameLabel {
+        from: Box<str>,
+        to: Box<str>,
+    },
+    MapLabelValue {
+        label: Box<str>,
+        from: Box<str>,
+        to: Box<str>,
+    },
+    SplitByLabel {
+        label: Box<str>,
+        names: Vec<(Box<str>, Box<str>)>,
+    },
+    SetLabel {
+        name: Box<str>,
+        value: Box<str>,
+    },
+    DropLabel(Box<str>),
+    RankDedup {
+        label: Box<str>,
+        keep: Box<str>,
+    },
+    Scale {
+        factor: Factor,
+        target: ScaleTarget,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Exact label matchers, checked against the series' labels at that point.
+    pub when: Vec<(Box<str>, Box<str>)>,
+    pub action: Action,
+    pub pack: u16,
+}
+
+/// Everything that happens to one input series name.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// Emit the untouched original beside the result (migration window).
+    pub keep_original: bool,
+    /// The family is rescaled: native histograms cannot be, and are counted.
+    pub rescales: bool,
+    /// Human-readable trace of which rules applied, for `explain`.
+    pub trace: Vec<String>,
+}
+
+/// How a name resolves.
+#[derive(Clone, Debug)]
+pub enum Resolution {
+    /// Rules apply.
+    Plan(Arc<Plan>),
+    /// No rule applies, but a rule produces this name: route through collision merging.
+    OutputName,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("pack {pack}: rule {rule}: {msg}")]
+    Rule {
+        pack: String,
+        rule: usize,
+        msg: String,
+    },
+    #[error("pack {pack}: {msg}")]
+    Pack { pack: String, msg: String },
+    #[error("conflict: {0}")]
+    Conflict(String),
+}
+
+#[derive(Debug)]
+enum Matcher {
+    Exact(Vec<Box<str>>),
+    Prefix(Box<str>),
+    Regex(Regex),
+}
+
+#[derive(Debug)]
+struct CompiledRule {
+    pack: u16,
+    index: usize,
+    phase: u8,
+    matcher: Matcher,
+    family_type: FamilyType,
+    when: Vec<(Box<str>, Box<str>)>,
+    drop: Option<u16>,
+    rename: Option<String>,
+    scale: Option<Factor>,
+    unit: Option<String>,
+    rename_labels: Vec<(Box<str>, Box<str>)>,
+    label_values: Vec<(Box<str>, Box<str>, Box<str>)>,
+    split: Option<Split>,
+    set_labels: Vec<(Box<str>, Box<str>)>,
+    drop_labels: Vec<Box<str>>,
+    describe: String,
+}
+
+/// Label to split on, and value → new family base.
+type Split = (Box<str>, Vec<(Box<str>, String)>);
+
+#[derive(Debug)]
+struct RankDedup {
+    pack: u16,
+    label: Box<str>,
+    keep: Box<str>,
+    prefixes: Vec<String>,
+    physical_names: AHashSet<String>,
+    physical_prefixes: Vec<String>,
+    physical_suffixes: Vec<String>,
+}
+
+/// Options that apply across packs.
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    pub name: String,
+    pub keep_original: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct GlobalOptions {
+    pub drop_created_series: bool,
+}
+
+/// Phases, in the order they apply (documented in README "Rule order").
+const PHASE_DROP: u8 = 0;
+const PHASE_MIGRATE: u8 = 1;
+const PHASE_DEDUP: u8 = 2;
+const PHASE_UNIT: u8 = 3;
+const PHASE_TOTAL: u8 = 4;
+
+/// Compiled, immutable rule set shared by all workers.
+#[derive(Debug)]
+pub struct Rules {
+    rules: Vec<CompiledRule>,
+    dedups: Vec<RankDedup>,
+    packs: Vec<PackOptions>,
+    reasons: Vec<String>,
+    names: AHashMap<Box<str>, Resolution>,
+    has_pattern_rules: bool,
+    drop_created: bool,
+    created_reason: u16,
+}
+
+impl Rules {
+    /// An empty rule set: everything passes unchanged.
+    pub fn empty() -> Rules {
+        Rules::compile(
+            &[],
+            &GlobalOptions {
+                drop_created_series: false,
+            },
+        )
+        .expect("empty rule set compiles")
+    }
+
+    pub fn compile(
+        packs: &[(PackSpec, PackOptions)],
+        global: &GlobalOptions,
+    ) -> Result<Rules, CompileError> {
+        let mut rules = Vec::new();
+        let mut dedups = Vec::new();
+        let mut pack_opts = Vec::new();
+        let mut reasons: Vec<String> = Vec::new();
+        let reason_id = |r: &str, reasons: &mut Vec<String>| -> u16 {
+            if let Some(i) = reasons.iter().position(|x| x == r) {
+                i as u16
+            } else {
+                reasons.push(r.to_string());
+                (reasons.len() - 1) as u16
+            }
+        };
+        let created_reason = reason_id("created_series", &mut reasons);
+        reason_id("tp_rank_dedup", &mut reasons);
+        reason_id("duplicate_timestamp", &mut reasons);
+
+        for (pi, (pack, opts)) in packs.iter().enumerate() {
+            let pid = pi as u16;
+            pack_opts.push(opts.clone());
+            for (ri, spec) in pack.rules.iter().enumerate() {
+                let r = compile_rule(pid, ri, &pack.pack, spec, &mut |s| {
+                    reason_id(s, &mut reasons)
+                })?;
+                rules.push(r);
+            }
+            for (oi, o) in pack.otel.iter().enumerate() {
+                rules.extend(compile_otel(pid, pack.rules.len() + oi, o));
+            }
+            if let Some(d) = &pack.rank_dedup {
+                if d.prefixes.is_empty() {
+                    return Err(CompileError::Pack {
+                        pack: pack.pack.clone(),
+                        msg: "rank_dedup needs at least one prefix".into(),
+                    });
+                }
+                dedups.push(RankDedup {
+                    pack: pid,
+                    label: d.label.as_str().into(),
+                    keep: d.keep.as_str().into(),
+                    prefixes: d.prefixes.clone(),
+                    physical_names: d.physical.names.iter().cloned().collect(),
+                    physical_prefixes: d.physical.prefixes.clone(),
+                    physical_suffixes: d.physical.suffixes.clone(),
+                });
+            }
+        }
+        // Stable: phase first, then pack order, then rule order.
+        rules.sort_by_key(|r| (r.phase, r.pack, r.index));
+        let has_pattern_rules = rules
+            .iter()
+            .any(|r| !matches!(r.matcher, Matcher::Exact(_)))
+            || !dedups.is_empty();
+
+        let mut compiled = Rules {
+            rules,
+            dedups,
+            packs: pack_opts,
+            reasons,
+            names: AHashMap::new(),
+            has_pattern_rules,
+            drop_created: global.drop_created_series,
+            created_reason,
+        };
+        compiled.precompute()?;
+        Ok(compiled)
+    }
+
+    /// Fills the exact-name map: every series name an exact rule covers, plus every name
+    /// some rule writes.
+    fn precompute(&mut self) -> Result<(), CompileError> {
+        let mut inputs: Vec<String> = Vec::new();
+        for r in &self.rules {
+            if let Matcher::Exact(fams) = &r.matcher {
+                for f in fams {
+                    for (name, _) in covered_names(f, r.family_type) {
+                        inputs.push(name);
+                    }
+                }
+            }
+        }
+        inputs.sort();
+        inputs.dedup();
+        let mut outputs: AHashMap<String, String> = AHashMap::new();
+        for name in &inputs {
+            let plan = self.plan_for(name);
+            if let Some(plan) = plan {
+                for out in output_names(&plan) {
+                    if let Some(prev) = outputs.get(&out)
+                        && prev != name
+                        && !self.collision_allowed(prev, name)
+                    {
+                        return Err(CompileError::Conflict(format!(
+                            "{prev:?} and {name:?} are both written as {out:?} by different rules \
+                             without label matchers to tell them apart"
+                        )));
+                    }
+                    outputs.insert(out, name.clone());
+                }
+                self.names
+                    .insert(name.as_str().into(), Resolution::Plan(Arc::new(plan)));
+            }
+        }
+        for (out, _) in outputs {
+            self.names
+                .entry(out.into_boxed_str())
+                .or_insert(Resolution::OutputName);
+        }
+        Ok(())
+    }
+
+    /// Renames of several old names onto one new name are the point of migrations; they
+    /// are allowed when they are declared in the same pack (merged at run time).
+    fn collision_allowed(&self, a: &str, b: &str) -> bool {
+        let pa = self
+            .plan_for(a)
+            .map(|p| p.steps.iter().map(|s| s.pack).collect::<Vec<_>>());
+        let pb = self
+            .plan_for(b)
+            .map(|p| p.steps.iter().map(|s| s.pack).collect::<Vec<_>>());
+        match (pa, pb) {
+            (Some(pa), Some(pb)) => pa.iter().any(|p| pb.contains(p)),
+            _ => true,
+        }
+    }
+
+    /// Looks a series name up in the precomputed map. `None` means: not an exact name;
+    /// call [`Rules::plan_for`] when [`Rules::needs_pattern_lookup`].
+    #[inline]
+    pub fn lookup(&self, name: &str) -> Option<&Resolution> {
+        self.names.get(name)
+    }
+
+    /// True when prefix/regex rules or rank dedup exist, so unknown names need a check.
+    #[inline]
+    pub fn needs_pattern_lookup(&self) -> bool {
+        self.has_pattern_rules || self.drop_created
+    }
+
+    pub fn reasons(&self) -> &[String] {
+        &self.reasons
+    }
+
+    pub fn packs(&self) -> &[PackOptions] {
+        &self.packs
+    }
+
+    pub fn exact_name_count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Builds the plan for a series name by walking the phases; a rename in one phase
+    /// makes later phases match the new name.
+    pub fn plan_for(&self, name: &str) -> Option<Plan> {
+        let mut plan = Plan::default();
+        let mut cur = name.to_string();
+        if self.drop_created && name.ends_with("_created") {
+            plan.steps.push(Step {
+                when: Vec::new(),
+                action: Action::Drop(self.created_reason),
+                pack: u16::MAX,
+            });
+            plan.trace
+                .push("drop_created_series: dropped (holds a timestamp, not a value)".into());
+            return Some(plan);
+        }
+        let mut phase_done_dedup = false;
+        for r in &self.rules {
+            if r.phase > PHASE_DEDUP && !phase_done_dedup {
+                self.add_dedup(&cur, &mut plan);
+                phase_done_dedup = true;
+            }
+            let Some((kind, target_base)) = self.cover(r, &cur) else {
+                continue;
+            };
+            let pack = r.pack;
+            let when = r.when.clone();
+            let push = |plan: &mut Plan, action: Action| {
+                plan.steps.push(Step {
+                    when: when.clone(),
+                    action,
+                    pack,
+                })
+            };
+            if let Some(reason) = r.drop {
+                push(&mut plan, Action::Drop(reason));
+                plan.trace.push(format!(
+                    "{}: drop ({})",
+                    r.describe, self.reasons[reason as usize]
+                ));
+                continue;
+            }
+            for (from, to) in &r.rename_labels {
+                push(
+                    &mut plan,
+                    Action::RenameLabel {
+                        from: from.clone(),
+                        to: to.clone(),
+                    },
+                );
+            }
+            for (label, from, to) in &r.label_values {
+                push(
+                    &mut plan,
+                    Action::MapLabelValue {
+                        label: label.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                    },
+                );
+            }
+            if let Some((label, names)) = &r.split {
+                let names = names
+                    .iter()
+                    .map(|(v, base)| {
+                        (
+                            v.clone(),
+                            series_name(base, r.family_type, kind).into_boxed_str(),
+                        )
+                    })
+                    .collect();
+                push(
+                    &mut plan,
+                    Action::SplitByLabel {
+                        label: label.clone(),
+                        names,
+                    },
+                );
+            }
+            for (n, v) in &r.set_labels {
+                push(
+                    &mut plan,
+                    Action::SetLabel {
+                        name: n.clone(),
+                        value: v.clone(),
+                    },
+                );
+            }
+            for n in &r.drop_labels {
+                push(&mut plan, Action::DropLabel(n.clone()));
+            }
+            if let Some(factor) = r.scale {
+                let target = match kind {
+                    Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
+                    Kind::Bucket => Some(ScaleTarget::Le),
+                    Kind::Count | Kind::Created => None,
+                };
+                if let Some(target) = target {
+                    push(&mut plan, Action::Scale { factor, target });
+                }
+                plan.rescales = true;
+            }
+            let new_name = series_name(&target_base, r.family_type, kind);
+            if new_name != cur {
+                push(&mut plan, Action::SetName(new_name.as_str().into()));
+                if self.packs[pack as usize].keep_original {
+                    plan.keep_original = true;
+                }
+                cur = new_name;
+            }
+            plan.trace.push(format!("{} → {}", r.describe, cur));
+        }
+        if !phase_done_dedup {
+            self.add_dedup(&cur, &mut plan);
+        }
+        if plan.steps.is_empty() {
+            None
+        } else {
+            Some(plan)
+        }
+    }
+
+    fn add_dedup(&self, cur: &str, plan: &mut Plan) {
+        for d in &self.dedups {
+            if !d.prefixes.iter().any(|p| cur.starts_with(p.as_str())) {
+                continue;
+            }
+            let physical = d.physical_names.contains(cur)
+                || d.physical_prefixes
+                    .iter()
+                    .any(|p| cur.starts_with(p.as_str()))
+                || d.physical_suffixes
+                    .iter()
+                    .any(|s| cur.ends_with(s.as_str()));
+            if physical {
+                plan.trace.push(format!(
+                    "pack {}: physical per-rank family, every {} kept",
+                    self.packs[d.pack as usize].name, d.label
+                ));
+                continue;
+            }
+            plan.steps.push(Step {
+                when: Vec::new(),
+                action: Action::RankDedup {
+                    label: d.label.clone(),
+                    keep: d.keep.clone(),
+                },
+                pack: d.pack,
+            });
+            plan.trace.push(format!(
+                "pack {}: logical family, only {}=\"{}\" kept",
+                self.packs[d.pack as usize].name, d.label, d.keep
+            ));
+        }
+    }
+
+    /// Does rule `r` cover series `name`? Returns its kind and the new family base.
+    fn cover(&self, r: &CompiledRule, name: &str) -> Option<(Kind, String)> {
+        match &r.matcher {
+            Matcher::Exact(fams) => {
+                for f in fams {
+                    for (n, kind) in covered_names(f, r.family_type) {
+                        if n == name {
+                            let base = r
+                                .rename
+                                .clone()
+                                .unwrap_or_else(|| family_base(f, r.family_type).to_string());
+                            return Some((kind, base));
+                        }
+                    }
+                }
+                None
+            }
+            Matcher::Prefix(p) => {
+                let rest = name.strip_prefix(&**p)?;
+                match &r.rename {
+                    // A prefix rename replaces the prefix; the series keeps its suffix.
+                    Some(to) => Some((Kind::Plain, format!("{to}{rest}"))),
+                    None => Some((Kind::Plain, name.to_string())),
+                }
+            }
+            Matcher::Regex(re) => {
+                for (kind, base) in candidates(name, r.family_type) {
+                    if let Some(caps) = re.captures(base) {
+                        let target = match &r.rename {
+                            Some(t) => {
+                                let mut out = String::new();
+                                caps.expand(t, &mut out);
+                                out
+                            }
+                            None => family_base(base, r.family_type).to_string(),
+                        };
+                        return Some((kind, target));
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Metadata family name → (new family name, unit to write), or `None` when no rule
+    /// renames it. Tries the family as a series name, then as a histogram/counter base.
+    pub fn metadata_target(&self, family: &str) -> Option<(String, Option<String>, bool)> {
+        for (suffix, strip) in [("", ""), ("_bucket", "_bucket"), ("_total", "")] {
+            let probe = format!("{family}{suffix}");
+            let plan = match self.lookup(&probe) {
+                Some(Resolution::Plan(p)) => Some((**p).clone()),
+                Some(Resolution::OutputName) => None,
+                None if self.needs_pattern_lookup() => self.plan_for(&probe),
+                None => None,
+            };
+            let Some(plan) = plan else { continue };
+            let dropped = plan
+                .steps
+                .iter()
+                .any(|s| s.when.is_empty() && matches!(s.action, Action::Drop(_)));
+            let mut name = None;
+            for s in &plan.steps {
+                if let Action::SetName(n) = &s.action
+                    && s.when.is_empty()
+                {
+                    name = Some(n.to_string());
+                }
+            }
+            let unit = self.unit_for(&probe);
+            let name = name.map(|n| n.strip_suffix(strip).map(str::to_string).unwrap_or(n));
+            if name.is_some() || dropped || unit.is_some() {
+                return Some((name.unwrap_or_else(|| family.to_string()), unit, dropped));
+            }
+        }
+        None
+    }
+
+    fn unit_for(&self, name: &str) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|r| r.unit.is_some() && self.cover(r, name).is_some())
+            .and_then(|r| r.unit.clone())
+    }
+}
+
+fn output_names(plan: &Plan) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in &plan.steps {
+        match &s.action {
+            Action::SetName(n) if s.when.is_empty() => out.push(n.to_string()),
+            _ => {}
+        }
+    }
+    out.truncate(1);
+    out
+}
+
+/// The family name without the `_total` a counter may carry.
+fn family_base(f: &str, t: FamilyType) -> &str {
+    match t {
+        FamilyType::Counter => f.strip_suffix("_total").unwrap_or(f),
+        _ => f,
+    }
+}
+
+/// The series name of kind `kind` in family `base` of type `t`.
+fn series_name(base: &str, t: FamilyType, kind: Kind) -> String {
+    match (t, kind) {
+        (FamilyType::Counter, Kind::Plain | Kind::Total) => {
+            format!("{}_total", base.strip_suffix("_total").unwrap_or(base))
+        }
+        (FamilyType::Info, Kind::Plain) => base.to_string(),
+        _ => format!("{base}{}", kind.suffix()),
+    }
+}
+
+/// Every series name a family of type `t` consists of.
+fn covered_names(f: &str, t: FamilyType) -> Vec<(String, Kind)> {
+    let base = family_base(f, t);
+    let with = |k: Kind| (format!("{base}{}", k.suffix()), k);
+    match t {
+        FamilyType::Counter => vec![
+            (base.to_string(), Kind::Total),
+            with(Kind::Total),
+            with(Kind::Created),
+        ],
+        FamilyType::Gauge => vec![(base.to_string(), Kind::Plain)],
+        FamilyType::Info => vec![
+            (base.to_string(), Kind::Plain),
+            (format!("{base}_info"), Kind::Plain),
+        ],
+        FamilyType::Histogram => vec![
+            with(Kind::Bucket),
+            with(Kind::Sum),
+            with(Kind::Count),
+            with(Kind::Created),
+        ],
+        FamilyType::Summary => vec![
+            (base.to_string(), Kind::Plain),
+            with(Kind::Sum),
+            with(Kind::Count),
+            with(Kind::Created),
+        ],
+        FamilyType::Any => vec![
+            (base.to_string(), Kind::Plain),
+            with(Kind::Total),
+            with(Kind::Bucket),
+            with(Kind::Sum),
+            with(Kind::Count),
+            with(Kind::Created),
+        ],
+    }
+}
+
+/// For pattern rules: the (kind, family base) readings of a series name.
+fn candidates(name: &str, t: FamilyType) -> Vec<(Kind, &str)> {
+    let mut out = Vec::with_capacity(6);
+    let strip = |k: Kind| name.strip_suffix(k.suffix()).map(|b| (k, b));
+    match t {
+        FamilyType::Counter => {
+            out.extend(strip(Kind::Total));
+            out.extend(strip(Kind::Created));
+            out.push((Kind::Total, name));
+        }
+        FamilyType::Histogram => {
+            out.extend(
+                [Kind::Bucket, Kind::Sum, Kind::Count, Kind::Created]
+                    .into_iter()
+                    .filter_map(strip),
+            );
+        }
+        FamilyType::Summary => {
+            out.extend(
+                [Kind::Sum, Kind::Count, Kind::Created]
+                    .into_iter()
+                    .filter_map(strip),
+            );
+            out.push((Kind::Plain, name));
+        }
+        FamilyType::Gauge | FamilyType::Info => out.push((Kind::Plain, name)),
+        FamilyType::Any => {
+            out.extend(
+                [
+                    Kind::Bucket,
+                    Kind::Sum,
+                    Kind::Count,
+                    Kind::Created,
+                    Kind::Total,
+                ]
+                .into_iter()
+                .filter_map(strip),
+            );
+            out.push((Kind::Plain, name));
+        }
+    }
+    out
+}
+
+fn compile_rule(
+    pack: u16,
+    index: usize,
+    pack_name: &str,
+    spec: &RuleSpec,
+    reason_id: &mut dyn FnMut(&str) -> u16,
+) -> Result<CompiledRule, CompileError> {
+    let err = |msg: String| CompileError::Rule {
+        pack: pack_name.to_string(),
+        rule: index + 1,
+        msg,
+    };
+    let m = &spec.matcher;
+    let mut fams: Vec<Box<str>> = m.families.iter().map(|s| s.as_str().into()).collect();
+    if let Some(f) = &m.family {
+        fams.insert(0, f.as_str().into());
+    }
+    let kinds = usize::from(!fams.is_empty())
+        + usize::from(m.prefix.is_some())
+        + usize::from(m.regex.is_some());
+    if kinds != 1 {
+        return Err(err(
+            "match needs exactly one of family/families, prefix, regex".into(),
+        ));
+    }
+    let matcher = if !fams.is_empty() {
+        if fams.iter().any(|f| f.is_empty()) {
+            return Err(err("empty family name".into()));
+        }
+        Matcher::Exact(fams)
+    } else if let Some(p) = &m.prefix {
+        if p.is_empty() {
+            return Err(err("empty prefix".into()));
+        }
+        Matcher::Prefix(p.as_str().into())
+    } else {
+        let src = m.regex.as_deref().unwrap_or_default();
+        let re = Regex::new(&format!("^(?:{src})$")).map_err(|e| err(format!("bad regex: {e}")))?;
+        Matcher::Regex(re)
+    };
+    if matches!(matcher, Matcher::Exact(ref f) if f.len() > 1) && spec.rename.is_some() {
+        return Err(err(
+            "a rename needs a single family (use one rule per family)".into(),
+        ));
+    }
+    let scale = spec
+        .scale
+        .as_deref()
+        .map(Factor::parse)
+        .transpose()
+        .map_err(err)?
+        .filter(|f| !f.is_one());
+    let mut split = None;
+    if let Some(s) = &spec.split_by_label {
+        if s.names.is_empty() {
+            return Err(err("split_by_label needs names".into()));
+        }
+        split = Some((
+            s.label.as_str().into(),
+            s.names
+                .iter()
+                .map(|(v, n)| (v.as_str().into(), n.clone()))
+                .collect(),
+        ));
+    }
+    for (k, v) in spec.rename_labels.iter().chain(spec.set_labels.iter()) {
+        if k.is_empty() || (v.is_empty() && !spec.set_labels.contains_key(k)) {
+            return Err(err("empty label name".into()));
+        }
+        if k == "__name__" {
+            return Err(err("use rename to change __name__".into()));
+        }
+    }
+    let has_label_actions = !spec.rename_labels.is_empty()
+        || !spec.label_values.is_empty()
+        || split.is_some()
+        || !spec.set_labels.is_empty()
+        || !spec.drop_labels.is_empty();
+    let phase = if spec.drop.is_some() {
+        PHASE_DROP
+    } else if scale.is_some() {
+        PHASE_UNIT
+    } else if spec.rename.is_some() || has_label_actions {
+        PHASE_MIGRATE
+    } else if spec.family_type == FamilyType::Counter {
+        PHASE_TOTAL
+    } else {
+        PHASE_MIGRATE
+    };
+    let describe = format!(
+        "pack {pack_name} rule {}{}",
+        index + 1,
+        spec.description
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default()
+    );
+    Ok(CompiledRule {
+        pack,
+        index,
+        phase,
+        matcher,
+        family_type: spec.family_type,
+        when: m
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+            .collect(),
+        drop: spec.drop.as_deref().map(reason_id),
+        rename: spec.rename.clone(),
+        scale,
+        unit: spec.unit.clone(),
+        rename_labels: spec
+            .rename_labels
+            .iter()
+            .map(|(a, b)| (a.as_str().into(), b.as_str().into()))
+            .collect(),
+        label_values: spec
+            .label_values
+            .iter()
+            .flat_map(|(l, m)| {
+                m.iter()
+                    .map(move |(a, b)| (l.as_str().into(), a.as_str().into(), b.as_str().into()))
+            })
+            .collect(),
+        split,
+        set_labels: spec
+            .set_labels
+            .iter()
+            .map(|(a, b)| (a.as_str().into(), b.as_str().into()))
+            .collect(),
+        drop_labels: spec.drop_labels.iter().map(|s| s.as_str().into()).collect(),
+        describe,
+    })
+}
+
+/// Expands one OpenTelemetry instrument into exact rules for each shape the exporters
+/// and collectors produce, all landing on the OpenTelemetry Prometheus exporter's name.
+fn compile_otel(pack: u16, index: usize, o: &super::spec::OtelSpec) -> Vec<CompiledRule> {
+    let underscored: String = o
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == ':' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let unit_suffix = o
+        .unit
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .map(|u| format!("_{u}"));
+    let with_unit = match &unit_suffix {
+        Some(u) if !underscored.ends_with(u.as_str()) => format!("{underscored}{u}"),
+        _ => underscored.clone(),
+    };
+    let mut shapes = vec![o.name.clone(), underscored.clone(), with_unit.clone()];
+    if let Some(u) = &unit_suffix {
+        // Dotted name with the unit suffix (Prometheus 3 with UTF-8 names and suffixes).
+        shapes.push(format!("{}{u}", o.name));
+    }
+    shapes.sort();
+    shapes.dedup();
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, shape)| CompiledRule {
+            pack,
+            index: index * 16 + i,
+            phase: PHASE_MIGRATE,
+            matcher: Matcher::Exact(vec![shape.into_boxed_str()]),
+            family_type: o.family_type,
+            when: Vec::new(),
+            drop: None,
+            rename: Some(with_unit.clone()),
+            scale: None,
+            unit: o.unit.clone(),
+            rename_labels: Vec::new(),
+            label_values: Vec::new(),
+            split: None,
+            set_labels: Vec::new(),
+            drop_labels: Vec::new(),
+            describe: format!("otel instrument {}", o.name),
+        })
+        .collect()
+}

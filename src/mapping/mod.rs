@@ -1,0 +1,11 @@
+//! Mapping: the rule language ([`spec`]), its compilation into lookup structures
+//! ([`compile`]) and its application to decoded requests ([`apply`]).
+
+pub mod apply;
+pub mod compile;
+pub mod number;
+pub mod spec;
+
+pub use apply::{MapStats, Mapper, STALE_NAN_BITS};
+pub use compile::{CompileError, GlobalOptions, PackOptions, Rules};
+pub use spec::PackSpec;

@@ -1,0 +1,142 @@
+//! The rule language as it is written in mapping files (`mappings/*.yaml` and users'
+//! own files). Pure data; [`super::compile`] turns it into lookup structures.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// One mapping file: a pack of rules with a name that configuration switches on or off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackSpec {
+    pub pack: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+    /// OpenTelemetry instruments whose every exported shape lands on one canonical name.
+    #[serde(default)]
+    pub otel: Vec<OtelSpec>,
+    /// Tensor-parallel rank deduplication of logical families.
+    #[serde(default)]
+    pub rank_dedup: Option<RankDedupSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyType {
+    /// Covers `F`, `F_total`, `F_bucket`, `F_sum`, `F_count`, `F_created`.
+    #[default]
+    Any,
+    /// Covers `F` and `F_total` (both written as `G_total`) and `F_created`.
+    Counter,
+    Gauge,
+    /// Classic histogram: `F_bucket`, `F_sum`, `F_count`, `F_created`.
+    Histogram,
+    /// `F{quantile}`, `F_sum`, `F_count`, `F_created`.
+    Summary,
+    Info,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(rename = "match")]
+    pub matcher: MatchSpec,
+    #[serde(default, rename = "type")]
+    pub family_type: FamilyType,
+    /// Drop every series of the family; the value is the reason counted in
+    /// `promnorm_samples_dropped_total{reason}`.
+    #[serde(default)]
+    pub drop: Option<String>,
+    /// New family name (`$1`… refer to regex groups; for a prefix match, the prefix is replaced).
+    #[serde(default)]
+    pub rename: Option<String>,
+    /// Exact rational factor: `"1/1000"`, `"1048576"`, `"2^30"`.
+    #[serde(default)]
+    pub scale: Option<String>,
+    /// Unit written into forwarded metadata for the family.
+    #[serde(default)]
+    pub unit: Option<String>,
+    #[serde(default)]
+    pub rename_labels: BTreeMap<String, String>,
+    /// label → (old value → new value)
+    #[serde(default)]
+    pub label_values: BTreeMap<String, BTreeMap<String, String>>,
+    #[serde(default)]
+    pub split_by_label: Option<SplitSpec>,
+    #[serde(default)]
+    pub set_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub drop_labels: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    #[serde(default)]
+    pub family: Option<String>,
+    #[serde(default)]
+    pub families: Vec<String>,
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Anchored: `^(?:…)$` is implied.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Exact label matchers; the rule applies only to series that carry all of them.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A family whose label value chooses the new name; the label is removed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSpec {
+    pub label: String,
+    pub names: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtelSpec {
+    /// The instrument name as the application registers it, e.g. `lmcache_mp.lookup_hit`.
+    pub name: String,
+    /// The instrument unit's Prometheus suffix (`tokens`, `requests`, `seconds`…), if any.
+    #[serde(default)]
+    pub unit: Option<String>,
+    #[serde(default, rename = "type")]
+    pub family_type: FamilyType,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankDedupSpec {
+    #[serde(default = "default_rank_label")]
+    pub label: String,
+    #[serde(default = "default_rank_keep")]
+    pub keep: String,
+    /// Families (by name prefix) whose series are logical unless listed as physical.
+    pub prefixes: Vec<String>,
+    #[serde(default)]
+    pub physical: PhysicalSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhysicalSpec {
+    #[serde(default)]
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub prefixes: Vec<String>,
+    #[serde(default)]
+    pub suffixes: Vec<String>,
+}
+
+fn default_rank_label() -> String {
+    "tp_rank".into()
+}
+fn default_rank_keep() -> String {
+    "0".into()
+}

@@ -1,0 +1,139 @@
+//! The request pipeline shared by `serve` and `normalize`:
+//! snappy decode → protobuf view → map → encode → snappy encode, on reusable buffers.
+
+use std::sync::{Arc, Mutex};
+
+use crate::mapping::{MapStats, Mapper, Rules};
+use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
+
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineLimits {
+    pub max_decoded_bytes: usize,
+    pub max_series: usize,
+}
+
+impl Default for PipelineLimits {
+    fn default() -> Self {
+        PipelineLimits {
+            max_decoded_bytes: 256 << 20,
+            max_series: 1_000_000,
+        }
+    }
+}
+
+/// Per-worker buffers, reused across requests so a warm request allocates nothing per
+/// sample. Taken from and returned to the [`Pipeline`]'s pool.
+#[derive(Default)]
+pub struct Workspace {
+    decoder: Option<snap::raw::Decoder>,
+    encoder: Option<snap::raw::Encoder>,
+    raw: Vec<u8>,
+    raw_len: usize,
+    pub decoded: DecodedRequest,
+    pub mapper: Mapper,
+    pub encoded: Vec<u8>,
+    compressed: Vec<u8>,
+    compressed_len: usize,
+}
+
+impl Workspace {
+    /// The snappy-compressed output of the last [`Pipeline::process`].
+    pub fn compressed(&self) -> &[u8] {
+        &self.compressed[..self.compressed_len]
+    }
+
+    /// The decompressed input of the last request.
+    pub fn input(&self) -> &[u8] {
+        &self.raw[..self.raw_len]
+    }
+}
+
+/// Result of one request through the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub struct Processed {
+    pub series_in: usize,
+    pub samples_in: usize,
+    pub histograms_in: usize,
+    pub metadata_in: usize,
+    /// True when nothing is left to forward (every series dropped by rules, no metadata).
+    pub empty: bool,
+}
+
+pub struct Pipeline {
+    rules: Arc<Rules>,
+    limits: PipelineLimits,
+    #[allow(clippy::vec_box)] // workspaces move in and out of the pool as one pointer
+    pool: Mutex<Vec<Box<Workspace>>>,
+}
+
+impl Pipeline {
+    pub fn new(rules: Arc<Rules>, limits: PipelineLimits) -> Self {
+        Pipeline {
+            rules,
+            limits,
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    pub fn take_workspace(&self) -> Box<Workspace> {
+        self.pool
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_default()
+    }
+
+    pub fn return_workspace(&self, ws: Box<Workspace>) {
+        if let Ok(mut p) = self.pool.lock()
+            && p.len() < 64
+        {
+            p.push(ws);
+        }
+    }
+
+    /// Decompresses a snappy body into the workspace, then runs [`Pipeline::process_raw`].
+    pub fn process(&self, ws: &mut Workspace, body: &[u8]) -> Result<Processed, DecodeError> {
+        let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
+        ws.raw_len =
+            snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
+        self.run(ws)
+    }
+
+    /// Runs the pipeline on an uncompressed `WriteRequest` (used by `normalize`).
+    pub fn process_raw(&self, ws: &mut Workspace, raw: &[u8]) -> Result<Processed, DecodeError> {
+        ws.raw.clear();
+        ws.raw.extend_from_slice(raw);
+        ws.raw_len = raw.len();
+        self.run(ws)
+    }
+
+    fn run(&self, ws: &mut Workspace) -> Result<Processed, DecodeError> {
+        let input = &ws.raw[..ws.raw_len];
+        ws.decoded.decode(
+            input,
+            DecodeLimits {
+                max_series: self.limits.max_series,
+            },
+        )?;
+        ws.encoded.clear();
+        ws.mapper
+            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded);
+        let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
+        ws.compressed_len = snappy::compress_into(encoder, &ws.encoded, &mut ws.compressed);
+        Ok(Processed {
+            series_in: ws.decoded.series.len(),
+            samples_in: ws.decoded.sample_count(),
+            histograms_in: ws.decoded.histogram_count(),
+            metadata_in: ws.decoded.metadata.len(),
+            empty: ws.encoded.is_empty(),
+        })
+    }
+
+    pub fn stats<'a>(&self, ws: &'a Workspace) -> &'a MapStats {
+        &ws.mapper.stats
+    }
+}

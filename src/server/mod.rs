@@ -1,0 +1,339 @@
+//! The HTTP server: remote-write ingest, own telemetry, health and readiness.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::config::{Config, ConfigError};
+use crate::forward::{Forwarder, HttpBackend, Outcome, Sink, verdict};
+use crate::pipeline::{Pipeline, PipelineLimits};
+use crate::telemetry;
+
+pub struct AppState {
+    pub pipeline: Pipeline,
+    pub forwarder: Forwarder,
+    pub max_body_bytes: usize,
+    pub ingest_token: Option<String>,
+    pub metrics: PrometheusHandle,
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    /// Builds the state from a validated configuration with HTTP backends.
+    pub fn from_config(cfg: &Config) -> Result<AppState, ConfigError> {
+        let rules = cfg.validate()?;
+        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+        for (i, b) in cfg.backends.iter().enumerate() {
+            sinks.push(Box::new(HttpBackend::from_config(b, i)?));
+        }
+        if sinks.is_empty() {
+            return Err(ConfigError::Invalid(
+                "at least one backend is required".into(),
+            ));
+        }
+        AppState::new(cfg, rules, Forwarder::new(sinks))
+    }
+
+    /// Builds the state around any forwarder (tests use in-process sinks).
+    pub fn new(
+        cfg: &Config,
+        rules: crate::mapping::Rules,
+        forwarder: Forwarder,
+    ) -> Result<AppState, ConfigError> {
+        let ingest_token = cfg
+            .ingest_auth
+            .as_ref()
+            .map(|a| a.bearer_token.read())
+            .transpose()?;
+        Ok(AppState {
+            pipeline: Pipeline::new(
+                Arc::new(rules),
+                PipelineLimits {
+                    max_decoded_bytes: cfg.limits.max_decoded_bytes,
+                    max_series: cfg.limits.max_series_per_request,
+                },
+            ),
+            forwarder,
+            max_body_bytes: cfg.limits.max_body_bytes,
+            ingest_token,
+            metrics: telemetry::metrics_handle(),
+            ready: AtomicBool::new(true),
+        })
+    }
+}
+
+pub fn router(state: Arc<AppState>, write_paths: &[String]) -> Router {
+    let mut r = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/-/healthy", get(|| async { "promnorm is healthy.\n" }))
+        .route("/-/ready", get(ready));
+    for p in write_paths {
+        r = r.route(p, post(write));
+    }
+    r.with_state(state)
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+}
+
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if st.ready.load(Ordering::Relaxed) && !st.forwarder.is_empty() {
+        (StatusCode::OK, "promnorm is ready.\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "promnorm is not ready.\n").into_response()
+    }
+}
+
+fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) -> Response {
+    metrics::counter!("promnorm_requests_total", "code" => status.as_u16().to_string())
+        .increment(1);
+    let mut resp = if reason.is_empty() {
+        status.into_response()
+    } else {
+        let line = format!("{}\n", reason.replace('\n', " "));
+        (
+            status,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            line,
+        )
+            .into_response()
+    };
+    if let Some(v) = retry_after {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+/// Checks the remote-write 1.0 headers; `Err` carries the 415 reason.
+fn check_headers(headers: &HeaderMap) -> Result<(), String> {
+    let enc = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok());
+    match enc {
+        Some(e) if e.trim().eq_ignore_ascii_case("snappy") => {}
+        Some(e) => {
+            return Err(format!(
+                "unsupported Content-Encoding {e:?}: remote-write needs snappy"
+            ));
+        }
+        None => return Err("missing Content-Encoding: remote-write needs snappy".into()),
+    }
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mut parts = ct.split(';').map(str::trim);
+    let media = parts.next().unwrap_or("");
+    if !media.eq_ignore_ascii_case("application/x-protobuf") {
+        return Err(format!(
+            "unsupported Content-Type {ct:?}: expected application/x-protobuf"
+        ));
+    }
+    for p in parts {
+        if let Some(proto) = p.strip_prefix("proto=") {
+            let proto = proto.trim_matches('"');
+            if proto != "prometheus.WriteRequest" {
+                return Err(format!(
+                    "unsupported remote-write message {proto:?}: this promnorm accepts prometheus.WriteRequest (1.0)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let Some(token) = &st.ingest_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match given.and_then(|g| g.strip_prefix("Bearer ")) {
+        None => Err(Box::new(answer(
+            StatusCode::UNAUTHORIZED,
+            "missing bearer token",
+            None,
+        ))),
+        Some(g) if constant_time_eq(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(Box::new(answer(
+            StatusCode::FORBIDDEN,
+            "invalid bearer token",
+            None,
+        ))),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(resp) = check_auth(&st, &headers) {
+        return *resp;
+    }
+    if let Err(reason) = check_headers(&headers) {
+        return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None);
+    }
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        && len > st.max_body_bytes
+    {
+        return answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "body of {len} bytes is over the limit of {}",
+                st.max_body_bytes
+            ),
+            None,
+        );
+    }
+    let body = match Limited::new(body, st.max_body_bytes).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return answer(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("body is over the limit of {} bytes", st.max_body_bytes),
+                None,
+            );
+        }
+        Err(e) => return answer(StatusCode::BAD_REQUEST, &format!("reading body: {e}"), None),
+    };
+
+    // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
+    let mut ws = st.pipeline.take_workspace();
+    let processed = st.pipeline.process(&mut ws, &body);
+    let (processed, out, forwarded_samples) = match processed {
+        Ok(p) => {
+            let stats = st.pipeline.stats(&ws);
+            telemetry::record_map_stats(st.pipeline.rules(), stats);
+            let fwd = stats.samples_out + stats.histograms_out;
+            let out = if p.empty {
+                Bytes::new()
+            } else {
+                Bytes::copy_from_slice(ws.compressed())
+            };
+            (p, out, fwd)
+        }
+        Err(e) => {
+            st.pipeline.return_workspace(ws);
+            let status = if e.is_too_large() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return answer(status, &format!("invalid remote-write request: {e}"), None);
+        }
+    };
+    st.pipeline.return_workspace(ws);
+    metrics::counter!("promnorm_samples_received_total")
+        .increment((processed.samples_in + processed.histograms_in) as u64);
+
+    if processed.empty {
+        return answer(StatusCode::NO_CONTENT, "", None);
+    }
+    let outcomes = st.forwarder.send_all(out, &headers).await;
+    for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
+        if matches!(o, Outcome::Delivered) {
+            metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
+                .increment(forwarded_samples);
+        }
+    }
+    let v = verdict(&outcomes);
+    if !v.status.is_success() {
+        tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
+    }
+    answer(v.status, &v.reason, v.retry_after)
+}
+
+/// Runs the server on `listener` until `shutdown` resolves, then drains in-flight
+/// requests for at most `drain_timeout`.
+pub async fn run(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain_timeout: Duration,
+) -> std::io::Result<()> {
+    let notify = Arc::new(Notify::new());
+    let n2 = notify.clone();
+    let graceful = async move {
+        shutdown.await;
+        n2.notify_waiters();
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let deadline = async {
+        notify.notified().await;
+        tokio::time::sleep(drain_timeout).await;
+    };
+    tokio::select! {
+        r = server => r,
+        _ = deadline => {
+            tracing::warn!("shutdown deadline reached with requests still in flight");
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received; draining");
+}
+
+/// `promnorm serve`.
+pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let state = Arc::new(AppState::from_config(&cfg)?);
+    let addr: SocketAddr = cfg.listen.parse()?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
+    tracing::info!(
+        listen = %addr,
+        backends = ?cfg.backends.iter().map(|b| b.url.as_str()).collect::<Vec<_>>(),
+        packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        "promnorm serving"
+    );
+    let app = router(state, &cfg.write_paths);
+    run(listener, app, shutdown_signal(), cfg.shutdown_timeout).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

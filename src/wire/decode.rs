@@ -1,0 +1,441 @@
+//! Decodes a `prometheus.WriteRequest` into a borrowed view: every string is a span
+//! into the decompressed buffer, every vector is reused across requests, so a warm
+//! decode allocates nothing.
+
+use super::DecodeError;
+use super::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT};
+
+/// A byte range `[start, end)` of the request buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    #[inline]
+    pub fn new(start: usize, end: usize) -> Self {
+        Span {
+            start: start as u32,
+            end: end as u32,
+        }
+    }
+    #[inline]
+    pub fn bytes<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        &buf[self.start as usize..self.end as usize]
+    }
+    /// Valid UTF-8 was checked at decode time; non-UTF-8 never reaches a span.
+    #[inline]
+    pub fn str<'a>(&self, buf: &'a [u8]) -> &'a str {
+        std::str::from_utf8(self.bytes(buf)).unwrap_or("")
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+/// Index range into one of the [`DecodedRequest`] vectors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Range32 {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Range32 {
+    #[inline]
+    pub fn usize(&self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
+    #[inline]
+    pub fn len(&self) -> usize {
+        (self.end - self.start) as usize
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LabelSpan {
+    pub name: Span,
+    pub value: Span,
+}
+
+/// A float sample. The value is kept as raw bits so that stale markers (a NaN payload)
+/// can never be canonicalised on the way through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleView {
+    pub value_bits: u64,
+    pub timestamp: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ExemplarView {
+    pub labels: Range32,
+    pub value_bits: u64,
+    pub timestamp: i64,
+}
+
+/// A native histogram: its encoded bytes are forwarded as they are; only the timestamp is
+/// read (for ordering when two series merge).
+#[derive(Clone, Copy, Debug)]
+pub struct HistogramView {
+    pub raw: Span,
+    pub timestamp: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SeriesView {
+    /// The whole encoded `TimeSeries` message (without its key and length).
+    pub raw: Span,
+    pub labels: Range32,
+    pub samples: Range32,
+    pub exemplars: Range32,
+    pub histograms: Range32,
+    pub name: Span,
+    /// Labels arrived sorted, unique and without empty values: the raw bytes are valid output.
+    pub canonical: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MetadataView {
+    pub raw: Span,
+    pub metric_type: i32,
+    pub family: Span,
+    pub help: Span,
+    pub unit: Span,
+}
+
+/// Limits enforced while decoding.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeLimits {
+    pub max_series: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_series: 1_000_000,
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct DecodedRequest {
+    pub series: Vec<SeriesView>,
+    pub labels: Vec<LabelSpan>,
+    pub samples: Vec<SampleView>,
+    pub exemplars: Vec<ExemplarView>,
+    pub histograms: Vec<HistogramView>,
+    pub metadata: Vec<MetadataView>,
+}
+
+impl DecodedRequest {
+    pub fn clear(&mut self) {
+        self.series.clear();
+        self.labels.clear();
+        self.samples.clear();
+        self.exemplars.clear();
+        self.histograms.clear();
+        self.metadata.clear();
+    }
+
+    pub fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn histogram_count(&self) -> usize {
+        self.histograms.len()
+    }
+
+    /// Decodes `buf` (a complete `WriteRequest`) into `self`, replacing its contents.
+    pub fn decode(&mut self, buf: &[u8], limits: DecodeLimits) -> Result<(), DecodeError> {
+        self.clear();
+        if buf.len() > u32::MAX as usize {
+            return Err(DecodeError::TooLarge);
+        }
+        let mut r = Reader::new(buf, 0, buf.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => {
+                    r.expect(wire, WIRE_LEN, "WriteRequest.timeseries")?;
+                    if self.series.len() >= limits.max_series {
+                        return Err(DecodeError::TooManySeries(limits.max_series));
+                    }
+                    let (s, e) = r.len_delimited()?;
+                    self.decode_series(buf, s, e)?;
+                }
+                3 => {
+                    r.expect(wire, WIRE_LEN, "WriteRequest.metadata")?;
+                    let (s, e) = r.len_delimited()?;
+                    self.decode_metadata(buf, s, e)?;
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_series(&mut self, buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {
+        let labels_start = self.labels.len() as u32;
+        let samples_start = self.samples.len() as u32;
+        let exemplars_start = self.exemplars.len() as u32;
+        let hist_start = self.histograms.len() as u32;
+        // Exemplar labels are appended to `labels` too, so the series' own labels are
+        // collected first and exemplars decoded in a second pass.
+        let mut has_exemplars = false;
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.labels")?;
+                    let (s, e) = r.len_delimited()?;
+                    let label = decode_label(buf, s, e)?;
+                    self.labels.push(label);
+                }
+                2 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
+                    let (s, e) = r.len_delimited()?;
+                    self.samples.push(decode_sample(buf, s, e)?);
+                }
+                3 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.exemplars")?;
+                    r.len_delimited()?;
+                    has_exemplars = true;
+                }
+                4 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
+                    let (s, e) = r.len_delimited()?;
+                    let timestamp = decode_histogram_timestamp(buf, s, e)?;
+                    self.histograms.push(HistogramView {
+                        raw: Span::new(s, e),
+                        timestamp,
+                    });
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        let labels_end = self.labels.len() as u32;
+        let labels = Range32 {
+            start: labels_start,
+            end: labels_end,
+        };
+        let (name, canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
+
+        if has_exemplars {
+            let mut r = Reader::new(buf, start, end);
+            while !r.is_done() {
+                let (field, wire) = r.key()?;
+                if field == 3 {
+                    let (s, e) = r.len_delimited()?;
+                    let ex = self.decode_exemplar(buf, s, e)?;
+                    self.exemplars.push(ex);
+                } else {
+                    r.skip(wire)?;
+                }
+            }
+        }
+
+        self.series.push(SeriesView {
+            raw: Span::new(start, end),
+            labels,
+            samples: Range32 {
+                start: samples_start,
+                end: self.samples.len() as u32,
+            },
+            exemplars: Range32 {
+                start: exemplars_start,
+                end: self.exemplars.len() as u32,
+            },
+            histograms: Range32 {
+                start: hist_start,
+                end: self.histograms.len() as u32,
+            },
+            name,
+            canonical,
+        });
+        Ok(())
+    }
+
+    fn decode_exemplar(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+    ) -> Result<ExemplarView, DecodeError> {
+        let labels_start = self.labels.len() as u32;
+        let mut value_bits = 0u64;
+        let mut timestamp = 0i64;
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => {
+                    r.expect(wire, WIRE_LEN, "Exemplar.labels")?;
+                    let (s, e) = r.len_delimited()?;
+                    let label = decode_label(buf, s, e)?;
+                    self.labels.push(label);
+                }
+                2 => {
+                    r.expect(wire, WIRE_I64, "Exemplar.value")?;
+                    value_bits = r.fixed64()?;
+                }
+                3 => {
+                    r.expect(wire, WIRE_VARINT, "Exemplar.timestamp")?;
+                    timestamp = r.varint()? as i64;
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        Ok(ExemplarView {
+            labels: Range32 {
+                start: labels_start,
+                end: self.labels.len() as u32,
+            },
+            value_bits,
+            timestamp,
+        })
+    }
+
+    fn decode_metadata(&mut self, buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {
+        let mut md = MetadataView {
+            raw: Span::new(start, end),
+            metric_type: 0,
+            family: Span::default(),
+            help: Span::default(),
+            unit: Span::default(),
+        };
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => {
+                    r.expect(wire, WIRE_VARINT, "MetricMetadata.type")?;
+                    md.metric_type = r.varint()? as i32;
+                }
+                2 | 4 | 5 => {
+                    r.expect(wire, WIRE_LEN, "MetricMetadata string")?;
+                    let (s, e) = r.len_delimited()?;
+                    utf8(buf, s, e)?;
+                    let span = Span::new(s, e);
+                    match field {
+                        2 => md.family = span,
+                        4 => md.help = span,
+                        _ => md.unit = span,
+                    }
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        self.metadata.push(md);
+        Ok(())
+    }
+}
+
+#[inline]
+fn utf8(buf: &[u8], s: usize, e: usize) -> Result<(), DecodeError> {
+    std::str::from_utf8(&buf[s..e])
+        .map(|_| ())
+        .map_err(|_| DecodeError::InvalidUtf8)
+}
+
+fn decode_label(buf: &[u8], start: usize, end: usize) -> Result<LabelSpan, DecodeError> {
+    let mut name = Span::new(start, start);
+    let mut value = Span::new(start, start);
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        match field {
+            1 | 2 => {
+                r.expect(wire, WIRE_LEN, "Label")?;
+                let (s, e) = r.len_delimited()?;
+                utf8(buf, s, e)?;
+                if field == 1 {
+                    name = Span::new(s, e);
+                } else {
+                    value = Span::new(s, e);
+                }
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok(LabelSpan { name, value })
+}
+
+fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
+    let mut value_bits = 0u64;
+    let mut timestamp = 0i64;
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        match field {
+            1 => {
+                r.expect(wire, WIRE_I64, "Sample.value")?;
+                value_bits = r.fixed64()?;
+            }
+            2 => {
+                r.expect(wire, WIRE_VARINT, "Sample.timestamp")?;
+                timestamp = r.varint()? as i64;
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok(SampleView {
+        value_bits,
+        timestamp,
+    })
+}
+
+/// Walks a native histogram (checking it is well-formed) and returns its timestamp.
+fn decode_histogram_timestamp(buf: &[u8], start: usize, end: usize) -> Result<i64, DecodeError> {
+    let mut timestamp = 0i64;
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        if field == 15 {
+            r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
+            timestamp = r.varint()? as i64;
+        } else {
+            r.skip(wire)?;
+        }
+    }
+    Ok(timestamp)
+}
+
+/// Validates a series' labels in place. Sorts them when the sender did not (so later
+/// stages can rely on order), rejects empty or duplicate names and a missing `__name__`.
+/// Returns the `__name__` value and whether the labels were already canonical.
+fn check_labels(buf: &[u8], labels: &mut [LabelSpan]) -> Result<(Span, bool), DecodeError> {
+    let mut sorted = true;
+    let mut has_empty_value = false;
+    for i in 0..labels.len() {
+        if labels[i].name.is_empty() {
+            return Err(DecodeError::EmptyLabelName);
+        }
+        if labels[i].value.is_empty() {
+            has_empty_value = true;
+        }
+        if i > 0 && labels[i - 1].name.bytes(buf) >= labels[i].name.bytes(buf) {
+            sorted = false;
+        }
+    }
+    if !sorted {
+        labels.sort_unstable_by(|a, b| a.name.bytes(buf).cmp(b.name.bytes(buf)));
+        for w in labels.windows(2) {
+            if w[0].name.bytes(buf) == w[1].name.bytes(buf) {
+                return Err(DecodeError::DuplicateLabel(w[0].name.str(buf).to_owned()));
+            }
+        }
+    }
+    let name = labels
+        .iter()
+        .find(|l| l.name.bytes(buf) == b"__name__")
+        .map(|l| l.value)
+        .filter(|v| !v.is_empty())
+        .ok_or(DecodeError::MissingMetricName)?;
+    Ok((name, sorted && !has_empty_value))
+}

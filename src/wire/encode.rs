@@ -1,0 +1,158 @@
+//! Encodes `prometheus.WriteRequest` bytes directly into reusable buffers.
+
+use super::pb::{
+    WIRE_I64, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len,
+};
+
+/// Field numbers of `WriteRequest`.
+pub const FIELD_TIMESERIES: u32 = 1;
+pub const FIELD_METADATA: u32 = 3;
+
+/// Appends a series whose encoded bytes are forwarded unchanged.
+#[inline]
+pub fn write_raw_series(out: &mut Vec<u8>, raw: &[u8]) {
+    put_bytes_field(out, FIELD_TIMESERIES, raw);
+}
+
+#[inline]
+fn label_len(name: &[u8], value: &[u8]) -> usize {
+    let mut n = 0;
+    if !name.is_empty() {
+        n += 1 + varint_len(name.len() as u64) + name.len();
+    }
+    if !value.is_empty() {
+        n += 1 + varint_len(value.len() as u64) + value.len();
+    }
+    n
+}
+
+#[inline]
+fn put_label(out: &mut Vec<u8>, field: u32, name: &[u8], value: &[u8]) {
+    put_key(out, field, WIRE_LEN);
+    put_varint(out, label_len(name, value) as u64);
+    if !name.is_empty() {
+        put_bytes_field(out, 1, name);
+    }
+    if !value.is_empty() {
+        put_bytes_field(out, 2, value);
+    }
+}
+
+/// Builds one `TimeSeries` message in a scratch buffer, then appends it with its key and
+/// length. Callers must add labels first, sorted, then samples, exemplars, histograms.
+pub struct SeriesWriter<'a> {
+    body: &'a mut Vec<u8>,
+}
+
+impl<'a> SeriesWriter<'a> {
+    pub fn new(scratch: &'a mut Vec<u8>) -> Self {
+        scratch.clear();
+        SeriesWriter { body: scratch }
+    }
+
+    #[inline]
+    pub fn label(&mut self, name: &[u8], value: &[u8]) {
+        put_label(self.body, 1, name, value);
+    }
+
+    #[inline]
+    pub fn sample(&mut self, value_bits: u64, timestamp: i64) {
+        let mut len = 0;
+        if value_bits != 0 {
+            len += 9;
+        }
+        if timestamp != 0 {
+            len += 1 + varint_len(timestamp as u64);
+        }
+        put_key(self.body, 2, WIRE_LEN);
+        put_varint(self.body, len as u64);
+        if value_bits != 0 {
+            put_key(self.body, 1, WIRE_I64);
+            self.body.extend_from_slice(&value_bits.to_le_bytes());
+        }
+        if timestamp != 0 {
+            put_key(self.body, 2, WIRE_VARINT);
+            put_varint(self.body, timestamp as u64);
+        }
+    }
+
+    /// Writes an exemplar; `labels` yields (name, value) pairs.
+    pub fn exemplar<'l, I>(&mut self, labels: I, value_bits: u64, timestamp: i64)
+    where
+        I: Iterator<Item = (&'l [u8], &'l [u8])> + Clone,
+    {
+        let mut len = 0;
+        for (n, v) in labels.clone() {
+            let l = label_len(n, v);
+            len += 1 + varint_len(l as u64) + l;
+        }
+        if value_bits != 0 {
+            len += 9;
+        }
+        if timestamp != 0 {
+            len += 1 + varint_len(timestamp as u64);
+        }
+        put_key(self.body, 3, WIRE_LEN);
+        put_varint(self.body, len as u64);
+        for (n, v) in labels {
+            put_label(self.body, 1, n, v);
+        }
+        if value_bits != 0 {
+            put_key(self.body, 2, WIRE_I64);
+            self.body.extend_from_slice(&value_bits.to_le_bytes());
+        }
+        if timestamp != 0 {
+            put_key(self.body, 3, WIRE_VARINT);
+            put_varint(self.body, timestamp as u64);
+        }
+    }
+
+    #[inline]
+    pub fn histogram_raw(&mut self, raw: &[u8]) {
+        put_bytes_field(self.body, 4, raw);
+    }
+
+    pub fn finish(self, out: &mut Vec<u8>) {
+        put_bytes_field(out, FIELD_TIMESERIES, self.body);
+    }
+}
+
+/// Appends a `MetricMetadata` message.
+pub fn write_metadata(
+    out: &mut Vec<u8>,
+    metric_type: i32,
+    family: &[u8],
+    help: &[u8],
+    unit: &[u8],
+) {
+    let mut len = 0;
+    if metric_type != 0 {
+        len += 1 + varint_len(metric_type as u64);
+    }
+    for s in [family, help, unit] {
+        if !s.is_empty() {
+            len += 1 + varint_len(s.len() as u64) + s.len();
+        }
+    }
+    put_key(out, FIELD_METADATA, WIRE_LEN);
+    put_varint(out, len as u64);
+    if metric_type != 0 {
+        put_key(out, 1, WIRE_VARINT);
+        put_varint(out, metric_type as u64);
+    }
+    if !family.is_empty() {
+        put_bytes_field(out, 2, family);
+    }
+    if !help.is_empty() {
+        put_bytes_field(out, 4, help);
+    }
+    if !unit.is_empty() {
+        put_bytes_field(out, 5, unit);
+    }
+}
+
+/// Appends a metadata message whose bytes are forwarded unchanged.
+#[inline]
+pub fn write_raw_metadata(out: &mut Vec<u8>, raw: &[u8]) {
+    put_bytes_field(out, FIELD_METADATA, raw);
+}

@@ -1,0 +1,65 @@
+//! Wire format: snappy block framing and the remote-write protobuf schema, read into a
+//! borrowed view and written straight into reusable buffers.
+
+pub mod decode;
+pub mod encode;
+pub mod pb;
+pub mod snappy;
+
+/// Generated (owned) prost types: used by tests as the decoding oracle and by tools;
+/// the hot path never builds them.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    pub mod prometheus {
+        include!(concat!(env!("OUT_DIR"), "/prometheus.rs"));
+    }
+    pub mod write_v2 {
+        include!(concat!(env!("OUT_DIR"), "/io.prometheus.write.v2.rs"));
+    }
+}
+
+pub use decode::{DecodeLimits, DecodedRequest, Span};
+
+/// Why a request body could not be decoded. Every variant maps to `400` except the size
+/// limits, which map to `413`.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("snappy: {0}")]
+    Snappy(String),
+    #[error("decoded body would be {declared} bytes, over the limit of {limit}")]
+    DecodedTooLarge { declared: usize, limit: usize },
+    #[error("request holds more than {0} series")]
+    TooManySeries(usize),
+    #[error("request too large")]
+    TooLarge,
+    #[error("protobuf: truncated message")]
+    Truncated,
+    #[error("protobuf: varint overflow")]
+    VarintOverflow,
+    #[error("protobuf: invalid field number")]
+    BadFieldNumber,
+    #[error("protobuf: unsupported wire type {0}")]
+    BadWireType(u8),
+    #[error("protobuf: {0} has wrong wire type {1}")]
+    UnexpectedWireType(&'static str, u8),
+    #[error("label name or value is not valid UTF-8")]
+    InvalidUtf8,
+    #[error("empty label name")]
+    EmptyLabelName,
+    #[error("duplicate label name {0:?}")]
+    DuplicateLabel(String),
+    #[error("series without a metric name (__name__)")]
+    MissingMetricName,
+}
+
+impl DecodeError {
+    /// True when the failure is a size limit (answered with 413), not malformed data.
+    pub fn is_too_large(&self) -> bool {
+        matches!(
+            self,
+            DecodeError::DecodedTooLarge { .. }
+                | DecodeError::TooManySeries(_)
+                | DecodeError::TooLarge
+        )
+    }
+}

@@ -1,0 +1,205 @@
+//! Protobuf wire primitives: just enough of the encoding to read and write the small
+//! remote-write schema without building owned messages.
+
+use super::DecodeError;
+
+pub const WIRE_VARINT: u8 = 0;
+pub const WIRE_I64: u8 = 1;
+pub const WIRE_LEN: u8 = 2;
+pub const WIRE_I32: u8 = 5;
+
+/// A cursor over one message's bytes. Positions are absolute offsets into the
+/// request buffer so that spans can be stored without lifetimes.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], start: usize, end: usize) -> Self {
+        Reader {
+            buf,
+            pos: start,
+            end,
+        }
+    }
+
+    #[inline]
+    pub fn is_done(&self) -> bool {
+        self.pos >= self.end
+    }
+
+    #[inline]
+    pub fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut value: u64 = 0;
+        let mut shift = 0u32;
+        loop {
+            if self.pos >= self.end {
+                return Err(DecodeError::Truncated);
+            }
+            let byte = self.buf[self.pos];
+            self.pos += 1;
+            if shift == 63 && byte > 1 {
+                return Err(DecodeError::VarintOverflow);
+            }
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(value);
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(DecodeError::VarintOverflow);
+            }
+        }
+    }
+
+    /// Reads a field key; returns (field number, wire type).
+    #[inline]
+    pub fn key(&mut self) -> Result<(u32, u8), DecodeError> {
+        let key = self.varint()?;
+        let field = key >> 3;
+        if field == 0 || field > u64::from(u32::MAX >> 3) {
+            return Err(DecodeError::BadFieldNumber);
+        }
+        Ok((field as u32, (key & 7) as u8))
+    }
+
+    #[inline]
+    pub fn fixed64(&mut self) -> Result<u64, DecodeError> {
+        if self.end - self.pos < 8 {
+            return Err(DecodeError::Truncated);
+        }
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.buf[self.pos..self.pos + 8]);
+        self.pos += 8;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Reads a length-delimited field and returns its [start, end) range.
+    #[inline]
+    pub fn len_delimited(&mut self) -> Result<(usize, usize), DecodeError> {
+        let len = self.varint()?;
+        let remaining = (self.end - self.pos) as u64;
+        if len > remaining {
+            return Err(DecodeError::Truncated);
+        }
+        let start = self.pos;
+        self.pos += len as usize;
+        Ok((start, self.pos))
+    }
+
+    /// Skips a field of the given wire type (unknown fields are tolerated, as protobuf requires).
+    pub fn skip(&mut self, wire: u8) -> Result<(), DecodeError> {
+        match wire {
+            WIRE_VARINT => {
+                self.varint()?;
+            }
+            WIRE_I64 => {
+                self.fixed64()?;
+            }
+            WIRE_LEN => {
+                self.len_delimited()?;
+            }
+            WIRE_I32 => {
+                if self.end - self.pos < 4 {
+                    return Err(DecodeError::Truncated);
+                }
+                self.pos += 4;
+            }
+            other => return Err(DecodeError::BadWireType(other)),
+        }
+        Ok(())
+    }
+
+    #[inline]
+    pub fn expect(&self, wire: u8, want: u8, field: &'static str) -> Result<(), DecodeError> {
+        if wire == want {
+            Ok(())
+        } else {
+            Err(DecodeError::UnexpectedWireType(field, wire))
+        }
+    }
+}
+
+#[inline]
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[inline]
+pub fn varint_len(v: u64) -> usize {
+    // 1 byte per 7 bits, at least one.
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+#[inline]
+pub fn put_key(out: &mut Vec<u8>, field: u32, wire: u8) {
+    put_varint(out, (u64::from(field) << 3) | u64::from(wire));
+}
+
+#[inline]
+pub fn put_bytes_field(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    put_key(out, field, WIRE_LEN);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+#[inline]
+pub fn put_double_field(out: &mut Vec<u8>, field: u32, v: f64) {
+    put_key(out, field, WIRE_I64);
+    out.extend_from_slice(&v.to_bits().to_le_bytes());
+}
+
+#[inline]
+pub fn put_int64_field(out: &mut Vec<u8>, field: u32, v: i64) {
+    put_key(out, field, WIRE_VARINT);
+    put_varint(out, v as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varint_round_trip_and_len() {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            u32::MAX as u64,
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            put_varint(&mut out, v);
+            assert_eq!(out.len(), varint_len(v), "len of {v}");
+            let mut r = Reader::new(&out, 0, out.len());
+            assert_eq!(r.varint().unwrap(), v);
+            assert!(r.is_done());
+        }
+    }
+
+    #[test]
+    fn overlong_varint_is_an_error() {
+        let buf = [0xffu8; 11];
+        let mut r = Reader::new(&buf, 0, buf.len());
+        assert!(r.varint().is_err());
+    }
+
+    #[test]
+    fn truncated_length_is_an_error() {
+        let buf = [0x0a, 0x05, 1, 2];
+        let mut r = Reader::new(&buf, 0, buf.len());
+        let (_, wire) = r.key().unwrap();
+        assert_eq!(wire, WIRE_LEN);
+        assert!(matches!(r.len_delimited(), Err(DecodeError::Truncated)));
+    }
+}

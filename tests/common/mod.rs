@@ -1,0 +1,230 @@
+//! Helpers shared by the integration tests: request builders, an in-process proxy, a
+//! recording fake backend and a tiny HTTP client.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use promnorm::config::Config;
+use promnorm::server::{AppState, router, run};
+use promnorm::wire::proto::prometheus as pb;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub fn label(n: &str, v: &str) -> pb::Label {
+    pb::Label {
+        name: n.into(),
+        value: v.into(),
+    }
+}
+
+pub fn series(labels: &[(&str, &str)], samples: &[(f64, i64)]) -> pb::TimeSeries {
+    let mut l: Vec<pb::Label> = labels.iter().map(|(n, v)| label(n, v)).collect();
+    l.sort_by(|a, b| a.name.cmp(&b.name));
+    pb::TimeSeries {
+        labels: l,
+        samples: samples
+            .iter()
+            .map(|&(value, timestamp)| pb::Sample { value, timestamp })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn compress(raw: &[u8]) -> Vec<u8> {
+    snap::raw::Encoder::new()
+        .compress_vec(raw)
+        .expect("snappy compress")
+}
+
+pub fn encode(req: &pb::WriteRequest) -> Vec<u8> {
+    compress(&req.encode_to_vec())
+}
+
+pub fn decode(body: &[u8]) -> pb::WriteRequest {
+    let raw = snap::raw::Decoder::new()
+        .decompress_vec(body)
+        .expect("snappy");
+    pb::WriteRequest::decode(raw.as_slice()).expect("protobuf")
+}
+
+/// What the fake backend answers.
+#[derive(Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: Vec<(&'static str, &'static str)>,
+    pub body: &'static str,
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn ok() -> Reply {
+        Reply {
+            status: StatusCode::NO_CONTENT,
+            headers: vec![],
+            body: "",
+            delay: Duration::ZERO,
+        }
+    }
+    pub fn status(code: u16, body: &'static str) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(code).unwrap(),
+            body,
+            ..Reply::ok()
+        }
+    }
+}
+
+/// One request the fake backend received: its headers and body.
+pub type RecordedRequest = (HeaderMap, Vec<u8>);
+
+#[derive(Clone, Default)]
+pub struct Recorded {
+    pub bodies: Arc<Mutex<Vec<RecordedRequest>>>,
+}
+
+impl Recorded {
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+/// Starts a fake remote-write backend on a free port; returns its write URL.
+pub async fn fake_backend(reply: Reply) -> (String, Recorded) {
+    let rec = Recorded::default();
+    let rec2 = rec.clone();
+    let reply = Arc::new(reply);
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let rec = rec2.clone();
+            let reply = reply.clone();
+            async move {
+                rec.bodies.lock().unwrap().push((headers, body.to_vec()));
+                tokio::time::sleep(reply.delay).await;
+                let mut resp = axum::response::Response::new(axum::body::Body::from(reply.body));
+                *resp.status_mut() = reply.status;
+                for (k, v) in &reply.headers {
+                    resp.headers_mut().insert(*k, v.parse().unwrap());
+                }
+                resp
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), rec)
+}
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub stop: Option<oneshot::Sender<()>>,
+    pub done: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Proxy {
+    pub fn url(&self) -> String {
+        format!("http://{}/api/v1/write", self.addr)
+    }
+}
+
+/// Starts promnorm in-process with `extra_yaml` appended to a minimal configuration.
+pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
+    let mut yaml = String::from("listen: 127.0.0.1:0\n");
+    if !backends.is_empty() {
+        yaml.push_str("backends:\n");
+    }
+    for b in backends {
+        yaml.push_str(&format!("  - url: {b}\n    timeout: 2s\n"));
+    }
+    yaml.push_str(extra_yaml);
+    let cfg = Config::parse(&yaml, "test.yaml").expect("test config parses");
+    let state = Arc::new(AppState::from_config(&cfg).expect("test config is valid"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let app = router(state, &cfg.write_paths);
+    let done = tokio::spawn(run(
+        listener,
+        app,
+        async move {
+            let _ = rx.await;
+        },
+        Duration::from_secs(5),
+    ));
+    Proxy {
+        addr,
+        stop: Some(tx),
+        done,
+    }
+}
+
+pub struct HttpReply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+pub async fn post(url: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> HttpReply {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = axum::http::Request::post(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .expect("request");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    HttpReply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+pub const RW_HEADERS: &[(&str, &str)] = &[
+    ("Content-Encoding", "snappy"),
+    ("Content-Type", "application/x-protobuf"),
+    ("X-Prometheus-Remote-Write-Version", "0.1.0"),
+];
+
+pub async fn get(url: &str) -> HttpReply {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .request(
+            axum::http::Request::get(url)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("request");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    HttpReply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// The shared folder beside the checkout (fixtures, tools).
+pub fn shared_dir() -> std::path::PathBuf {
+    if let Ok(d) = std::env::var("SHARED_DIR") {
+        return d.into();
+    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}

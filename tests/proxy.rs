@@ -1,0 +1,278 @@
+//! In-process integration tests: promnorm between a test sender and recording fake
+//! backends; the status mapping of SPEC 1.1/1.2.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use promnorm::wire::proto::prometheus as pb;
+
+fn small_request() -> Vec<u8> {
+    encode(&pb::WriteRequest {
+        timeseries: vec![series(
+            &[("__name__", "up"), ("job", "x")],
+            &[(1.0, 1000), (0.0, 2000)],
+        )],
+        metadata: vec![],
+    })
+}
+
+#[tokio::test]
+async fn delivers_and_sets_protocol_headers() {
+    let (b, rec) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(&[b], "").await;
+    let r = post(&p.url(), small_request(), RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let reqs = rec.requests();
+    assert_eq!(reqs.len(), 1);
+    let (h, body) = &reqs[0];
+    assert_eq!(h["content-encoding"], "snappy");
+    assert_eq!(h["content-type"], "application/x-protobuf");
+    assert_eq!(h["x-prometheus-remote-write-version"], "0.1.0");
+    assert!(h["user-agent"].to_str().unwrap().starts_with("promnorm/"));
+    let got = decode(body);
+    assert_eq!(got.timeseries.len(), 1);
+    assert_eq!(got.timeseries[0].samples.len(), 2);
+    // Also reachable on Mimir's path.
+    let push = p.url().replace("/api/v1/write", "/api/v1/push");
+    assert_eq!(post(&push, small_request(), RW_HEADERS).await.status, 204);
+}
+
+#[tokio::test]
+async fn backend_errors_map_to_retryable_or_permanent() {
+    for (code, want) in [(500u16, 503u16), (503, 503), (400, 400), (404, 400)] {
+        let (b, _) = fake_backend(Reply::status(code, "backend says no")).await;
+        let p = start_proxy(&[b], "").await;
+        let r = post(&p.url(), small_request(), RW_HEADERS).await;
+        assert_eq!(r.status.as_u16(), want, "backend {code}: {}", r.body);
+        if want == 400 {
+            assert!(
+                r.body.contains("backend says no"),
+                "reason passed: {}",
+                r.body
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn throttling_passes_retry_after() {
+    let mut reply = Reply::status(429, "slow down");
+    reply.headers = vec![("Retry-After", "7")];
+    let (b, _) = fake_backend(reply).await;
+    let p = start_proxy(&[b], "").await;
+    let r = post(&p.url(), small_request(), RW_HEADERS).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.headers["retry-after"], "7");
+}
+
+#[tokio::test]
+async fn backend_down_or_slow_is_retryable() {
+    // A port nobody listens on.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+    drop(l);
+    let p = start_proxy(&[dead], "").await;
+    let r = post(&p.url(), small_request(), RW_HEADERS).await;
+    assert!(r.status.is_server_error(), "{} {}", r.status, r.body);
+
+    let mut slow = Reply::ok();
+    slow.delay = Duration::from_secs(5);
+    let (b, _) = fake_backend(slow).await;
+    let p = start_proxy(&[b], "").await; // backend timeout 2s
+    let r = post(&p.url(), small_request(), RW_HEADERS).await;
+    assert_eq!(r.status, 504, "{}", r.body);
+}
+
+#[tokio::test]
+async fn two_backends_one_failing_is_retryable() {
+    let (good, good_rec) = fake_backend(Reply::ok()).await;
+    let (bad, _) = fake_backend(Reply::status(500, "boom")).await;
+    let p = start_proxy(&[good, bad], "").await;
+    let r = post(&p.url(), small_request(), RW_HEADERS).await;
+    assert!(r.status.is_server_error());
+    assert_eq!(
+        good_rec.requests().len(),
+        1,
+        "the healthy backend still got the data"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_4xx() {
+    let (b, rec) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(
+        &[b],
+        "limits:\n  max_body_bytes: 100000\n  max_decoded_bytes: 1000000\n",
+    )
+    .await;
+    // Not snappy.
+    let r = post(
+        &p.url(),
+        b"\xff\xff\xff\xff\xff\xffgarbage".to_vec(),
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.body.lines().count(), 1);
+    // Snappy, but not protobuf.
+    let r = post(&p.url(), compress(b"\x0a\xff\xff\xff\x0f"), RW_HEADERS).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    // Declared decoded length over the limit: 413 before allocating.
+    let r = post(
+        &p.url(),
+        vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x00],
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    // Compressed body over the limit.
+    let r = post(&p.url(), vec![0u8; 200_000], RW_HEADERS).await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    // Wrong encodings and types.
+    let r = post(
+        &p.url(),
+        small_request(),
+        &[
+            ("Content-Encoding", "gzip"),
+            ("Content-Type", "application/x-protobuf"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    let r = post(
+        &p.url(),
+        small_request(),
+        &[
+            ("Content-Encoding", "snappy"),
+            ("Content-Type", "application/json"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    let r = post(
+        &p.url(),
+        small_request(),
+        &[
+            ("Content-Encoding", "snappy"),
+            (
+                "Content-Type",
+                "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 415, "v2 bytes are never decoded as v1");
+    // Invalid labels: duplicate names, missing metric name.
+    let dup = encode(&pb::WriteRequest {
+        timeseries: vec![series(
+            &[("__name__", "x"), ("a", "1"), ("a", "2")],
+            &[(1.0, 1)],
+        )],
+        metadata: vec![],
+    });
+    assert_eq!(post(&p.url(), dup, RW_HEADERS).await.status, 400);
+    let noname = encode(&pb::WriteRequest {
+        timeseries: vec![series(&[("a", "1")], &[(1.0, 1)])],
+        metadata: vec![],
+    });
+    assert_eq!(post(&p.url(), noname, RW_HEADERS).await.status, 400);
+    assert!(rec.requests().is_empty(), "nothing invalid was forwarded");
+}
+
+#[tokio::test]
+async fn metadata_only_requests_are_forwarded() {
+    let (b, rec) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(&[b], "").await;
+    let req = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![pb::MetricMetadata {
+            r#type: 1,
+            metric_family_name: "http_requests_total".into(),
+            help: "h".into(),
+            unit: String::new(),
+        }],
+    };
+    assert_eq!(post(&p.url(), encode(&req), RW_HEADERS).await.status, 204);
+    let got = decode(&rec.requests()[0].1);
+    assert_eq!(got.metadata, req.metadata);
+}
+
+#[tokio::test]
+async fn ingest_auth_and_header_pass_through() {
+    unsafe { std::env::set_var("PROMNORM_TEST_TOKEN", "s3cret") };
+    let (b, rec) = fake_backend(Reply::ok()).await;
+    let extra = "ingest_auth:\n  bearer_token: {env: PROMNORM_TEST_TOKEN}\n".to_string();
+    let mut yaml_backends = String::new();
+    yaml_backends.push_str(&extra);
+    let p = start_proxy(&[], &format!(
+        "{yaml_backends}backends:\n  - url: {b}\n    headers: {{X-Scope-OrgID: tenant-a}}\n    pass_headers: [X-Trace]\n"
+    ))
+    .await;
+    assert_eq!(
+        post(&p.url(), small_request(), RW_HEADERS).await.status,
+        401
+    );
+    let mut h = RW_HEADERS.to_vec();
+    h.push(("Authorization", "Bearer wrong"));
+    assert_eq!(post(&p.url(), small_request(), &h).await.status, 403);
+    let mut h = RW_HEADERS.to_vec();
+    h.push(("Authorization", "Bearer s3cret"));
+    h.push(("X-Trace", "abc"));
+    h.push(("X-Scope-OrgID", "sender-tenant"));
+    assert_eq!(post(&p.url(), small_request(), &h).await.status, 204);
+    let (hdrs, _) = &rec.requests()[0];
+    assert_eq!(
+        hdrs["x-scope-orgid"], "tenant-a",
+        "configured header wins, sender's is not passed"
+    );
+    assert_eq!(hdrs["x-trace"], "abc");
+    assert!(
+        hdrs.get("authorization").is_none(),
+        "sender's credentials are not forwarded unless configured"
+    );
+}
+
+#[tokio::test]
+async fn telemetry_health_and_readiness() {
+    let (b, _) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(&[b], "").await;
+    assert_eq!(
+        post(&p.url(), small_request(), RW_HEADERS).await.status,
+        204
+    );
+    let base = format!("http://{}", p.addr);
+    assert_eq!(get(&format!("{base}/-/healthy")).await.status, 200);
+    assert_eq!(get(&format!("{base}/-/ready")).await.status, 200);
+    let m = get(&format!("{base}/metrics")).await.body;
+    for name in [
+        "promnorm_requests_total{code=\"204\"}",
+        "promnorm_samples_received_total",
+        "promnorm_samples_forwarded_total{backend=\"default\"}",
+        "promnorm_backend_requests_total",
+        "promnorm_backend_request_duration_seconds_bucket",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
+    }
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests() {
+    let mut slow = Reply::ok();
+    slow.delay = Duration::from_millis(800);
+    let (b, rec) = fake_backend(slow).await;
+    let mut p = start_proxy(&[b], "").await;
+    let url = p.url();
+    let inflight = tokio::spawn(async move { post(&url, small_request(), RW_HEADERS).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.stop.take().unwrap().send(()).unwrap();
+    let r = inflight.await.unwrap();
+    assert_eq!(
+        r.status, 204,
+        "the in-flight request completed during the drain"
+    );
+    let done = tokio::time::timeout(Duration::from_secs(5), p.done).await;
+    assert!(done.is_ok(), "server stopped after draining");
+    assert_eq!(rec.requests().len(), 1);
+}
