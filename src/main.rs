@@ -49,6 +49,40 @@ enum Command {
     },
     /// Print the version.
     Version,
+    /// GET a local http:// URL and exit 0 on a 2xx answer (the container HEALTHCHECK:
+    /// the runtime image has no curl).
+    Healthcheck {
+        #[arg(default_value = "http://127.0.0.1:9201/-/healthy")]
+        url: String,
+    },
+}
+
+fn healthcheck(url: &str) -> anyhow::Result<bool> {
+    use std::io::Write;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("healthcheck needs an http:// URL"))?;
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap_or((rest, "/".into()));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(host)?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("cannot resolve {host}"))?;
+    let timeout = std::time::Duration::from_secs(3);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+    let mut head = [0u8; 12];
+    let mut n = 0;
+    while n < head.len() {
+        let r = s.read(&mut head[n..])?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    Ok(n == 12 && head.starts_with(b"HTTP/1.") && head[9] == b'2')
 }
 
 fn load(config: Option<&PathBuf>) -> anyhow::Result<Config> {
@@ -71,6 +105,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Healthcheck { url } => {
+            if !healthcheck(&url)? {
+                eprintln!("promnorm: {url} is not healthy");
+                return Ok(ExitCode::from(1));
+            }
+        }
         Command::Version => {
             println!("promnorm {}", promnorm::VERSION);
         }

@@ -1,0 +1,19 @@
+# Build: the official Rust image; protos compile with protox, so no protoc is needed.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto proto
+COPY mappings mappings
+COPY src src
+COPY benches benches
+RUN cargo build --release --locked --bin promnorm
+
+# Run: distroless (glibc, CA roots, no shell) as a non-root user.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/promnorm /usr/local/bin/promnorm
+USER nonroot:nonroot
+EXPOSE 9201
+# The embedded default configuration is used unless --config is given.
+HEALTHCHECK --interval=30s --timeout=3s CMD ["/usr/local/bin/promnorm", "healthcheck", "http://127.0.0.1:9201/-/healthy"]
+ENTRYPOINT ["/usr/local/bin/promnorm"]
+CMD ["serve"]
