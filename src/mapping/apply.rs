@@ -341,7 +341,9 @@ impl Mapper {
             self.rescale_le(buf, req, s, factor);
         }
         self.finish_labels(buf);
-        self.insert(buf, req, s, scale.map(|(f, _)| f));
+        // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
+        let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
+        self.insert(buf, req, s, value_factor, scale.map(|(f, _)| f));
     }
 
     fn rescale_le(
@@ -448,6 +450,7 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
         factor: Option<super::number::Factor>,
+        exemplar_factor: Option<super::number::Factor>,
     ) {
         // Samples (rescaled when a factor applies; stale markers never touched).
         let s_start = self.samples.len() as u32;
@@ -465,7 +468,7 @@ impl Mapper {
         }
         let e_start = self.exemplars.len() as u32;
         for ex in &req.exemplars[s.exemplars.usize()] {
-            let value_bits = match factor {
+            let value_bits = match exemplar_factor {
                 Some(f) if ex.value_bits != STALE_NAN_BITS => {
                     f.apply(f64::from_bits(ex.value_bits)).to_bits()
                 }
@@ -481,7 +484,7 @@ impl Mapper {
         for hi in s.histograms.usize() {
             self.histograms.push(hi as u32);
         }
-        if factor.is_some() {
+        if exemplar_factor.is_some() {
             self.stats.native_unscaled += s.histograms.len() as u64;
         }
         let chunk = Chunk {

@@ -381,6 +381,7 @@ impl Rules {
             let Some((kind, target_base)) = self.cover(r, &cur) else {
                 continue;
             };
+            let steps_before = plan.steps.len();
             let pack = r.pack;
             let when = r.when.clone();
             let push = |plan: &mut Plan, action: Action| {
@@ -466,7 +467,9 @@ impl Rules {
                 }
                 cur = new_name;
             }
-            plan.trace.push(format!("{} → {}", r.describe, cur));
+            if plan.steps.len() > steps_before {
+                plan.trace.push(format!("{} → {}", r.describe, cur));
+            }
         }
         if !phase_done_dedup {
             self.add_dedup(&cur, &mut plan);
