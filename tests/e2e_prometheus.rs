@@ -260,6 +260,37 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
         &mismatched[..mismatched.len().min(10)]
     );
 
+    // Normalised names arrived; the raw ones did not.
+    let names: BTreeSet<_> = got.keys().map(|k| k.0.clone()).collect();
+    for want in [
+        "sglang:kv_transfer_latency_seconds",
+        "sglang:kv_transfer_total_bytes",
+        "DCGM_FI_DEV_GPU_UTIL_ratio",
+        "DCGM_FI_DEV_FB_USED_bytes",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_joules_total",
+        "vllm:iteration_tokens_bucket",
+        "dynamo_component_kvstats_gpu_cache_usage_ratio",
+    ] {
+        assert!(names.contains(want), "{want} missing at the receiver");
+    }
+    for gone in [
+        "sglang:kv_transfer_latency_ms",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "vllm:iteration_tokens_total_bucket",
+        "vllm:prompt_tokens_created",
+    ] {
+        assert!(
+            !names.contains(gone),
+            "{gone} should have been normalised away"
+        );
+    }
+    assert!(
+        got.keys()
+            .all(|(n, l)| !n.starts_with("DCGM_") || !l.iter().any(|(k, _)| k == "Hostname")),
+        "Hostname label renamed on every DCGM series"
+    );
+
     // The sender delivered everything: no failed or dropped samples.
     let sm = get(&format!("http://127.0.0.1:{send_port}/metrics"))
         .await
@@ -273,7 +304,6 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
     let sent = metric("prometheus_remote_storage_samples_total");
     let failed = metric("prometheus_remote_storage_samples_failed_total");
     let retried = metric("prometheus_remote_storage_samples_retried_total");
-    let names: BTreeSet<_> = got.keys().map(|k| k.0.clone()).collect();
     println!(
         "e2e: {} series ({} names) arrived with the predicted values; sender sent {sent} samples, failed {failed}, retried {retried}",
         got.len(),

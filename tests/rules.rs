@@ -1,0 +1,398 @@
+//! Rule behaviour through the remote-write path (what text exposition cannot carry):
+//! stale markers through every rule kind, dotted OpenTelemetry names, exemplars under
+//! rescale, keep_original, metadata renames, drop counting, config conflicts.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use promnorm::config::Config;
+use promnorm::mapping::STALE_NAN_BITS;
+use promnorm::pipeline::{Pipeline, PipelineLimits};
+use promnorm::wire::proto::prometheus as pb;
+
+fn pipeline(extra: &str) -> Pipeline {
+    let cfg = Config::parse(&format!("listen: 127.0.0.1:0\n{extra}"), "t.yaml").unwrap();
+    Pipeline::new(
+        Arc::new(cfg.compile_rules().unwrap()),
+        PipelineLimits::default(),
+    )
+}
+
+fn run(p: &Pipeline, req: &pb::WriteRequest) -> pb::WriteRequest {
+    let mut ws = p.take_workspace();
+    p.process(&mut ws, &encode(req)).unwrap();
+    decode(ws.compressed())
+}
+
+fn name_of(ts: &pb::TimeSeries) -> &str {
+    ts.labels
+        .iter()
+        .find(|l| l.name == "__name__")
+        .map(|l| l.value.as_str())
+        .unwrap_or("")
+}
+
+fn find<'a>(r: &'a pb::WriteRequest, name: &str) -> Vec<&'a pb::TimeSeries> {
+    r.timeseries.iter().filter(|t| name_of(t) == name).collect()
+}
+
+fn stale() -> f64 {
+    f64::from_bits(STALE_NAN_BITS)
+}
+
+#[test]
+fn stale_markers_pass_every_rule_kind_bit_for_bit() {
+    let p = pipeline("");
+    let inputs: Vec<(&[(&str, &str)], &str)> = vec![
+        (
+            &[("__name__", "vllm:gpu_cache_usage_perc"), ("engine", "0")],
+            "vllm:kv_cache_usage_perc",
+        ),
+        (
+            &[("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "0")],
+            "DCGM_FI_DEV_GPU_UTIL_ratio",
+        ),
+        (
+            &[
+                ("__name__", "sglang:kv_transfer_latency_ms_bucket"),
+                ("le", "100.0"),
+                ("tp_rank", "0"),
+            ],
+            "sglang:kv_transfer_latency_seconds_bucket",
+        ),
+        (
+            &[
+                ("__name__", "vllm:kv_offload_total_bytes_total"),
+                ("transfer_type", "CPU_to_GPU"),
+            ],
+            "vllm:kv_offload_load_bytes_total",
+        ),
+        (
+            &[("__name__", "sglang:prompt_tokens_total"), ("tp_rank", "0")],
+            "sglang:prompt_tokens_total",
+        ),
+        (
+            &[("__name__", "mooncake_transfer_read_bytes")],
+            "mooncake_transfer_read_bytes_total",
+        ),
+        (
+            &[("__name__", "DCGM_FI_DEV_GPU_TEMP"), ("Hostname", "h")],
+            "DCGM_FI_DEV_GPU_TEMP",
+        ),
+    ];
+    let req = pb::WriteRequest {
+        timeseries: inputs
+            .iter()
+            .map(|(l, _)| series(l, &[(50.0, 1000), (stale(), 2000), (100.0, 3000)]))
+            .collect(),
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    for (_, want) in &inputs {
+        let got = find(&out, want);
+        assert_eq!(got.len(), 1, "{want} present once: {out:?}");
+        let s = &got[0].samples;
+        assert_eq!(s.len(), 3, "{want}");
+        assert_eq!(
+            s[1].value.to_bits(),
+            STALE_NAN_BITS,
+            "{want}: stale marker bits"
+        );
+        assert_eq!(
+            s.iter().map(|x| x.timestamp).collect::<Vec<_>>(),
+            [1000, 2000, 3000],
+            "{want}: order"
+        );
+    }
+    let util = &find(&out, "DCGM_FI_DEV_GPU_UTIL_ratio")[0].samples;
+    assert_eq!((util[0].value, util[2].value), (0.5, 1.0));
+    let bucket = find(&out, "sglang:kv_transfer_latency_seconds_bucket")[0];
+    assert!(bucket.labels.contains(&label("le", "0.1")));
+    assert_eq!(
+        bucket.samples[0].value, 50.0,
+        "bucket counts are not rescaled"
+    );
+}
+
+#[test]
+fn dotted_otel_names_land_on_the_exporter_name() {
+    let p = pipeline("");
+    let shapes = [
+        "lmcache_mp.lookup_hit",
+        "lmcache_mp.lookup_hit_tokens",
+        "lmcache_mp_lookup_hit",
+        "lmcache_mp_lookup_hit_total",
+        "lmcache_mp_lookup_hit_tokens",
+        "lmcache_mp_lookup_hit_tokens_total",
+    ];
+    for (i, shape) in shapes.iter().enumerate() {
+        let req = pb::WriteRequest {
+            timeseries: vec![series(
+                &[("__name__", shape), ("model_name", "m")],
+                &[(i as f64, 1000)],
+            )],
+            metadata: vec![],
+        };
+        let out = run(&p, &req);
+        assert_eq!(
+            name_of(&out.timeseries[0]),
+            "lmcache_mp_lookup_hit_tokens_total",
+            "{shape}"
+        );
+        assert_eq!(out.timeseries[0].samples[0].value, i as f64);
+    }
+}
+
+#[test]
+fn exemplars_are_rescaled_with_their_histogram() {
+    let p = pipeline("");
+    let mut ts = series(
+        &[
+            ("__name__", "dynamo_frontend_tokenizer_latency_ms_bucket"),
+            ("le", "5"),
+        ],
+        &[(3.0, 1000)],
+    );
+    ts.exemplars.push(pb::Exemplar {
+        labels: vec![label("trace_id", "t1")],
+        value: 2.5,
+        timestamp: 999,
+    });
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![ts],
+            metadata: vec![],
+        },
+    );
+    let got = &out.timeseries[0];
+    assert_eq!(
+        name_of(got),
+        "dynamo_frontend_tokenizer_latency_seconds_bucket"
+    );
+    assert!(got.labels.contains(&label("le", "0.005")));
+    assert_eq!(got.samples[0].value, 3.0);
+    assert_eq!(got.exemplars[0].value, 0.0025);
+    assert_eq!(got.exemplars[0].labels, vec![label("trace_id", "t1")]);
+}
+
+#[test]
+fn keep_original_dual_writes() {
+    let p = pipeline("keep_original: true\n");
+    let req = pb::WriteRequest {
+        timeseries: vec![series(
+            &[("__name__", "DCGM_FI_DEV_FB_USED"), ("gpu", "0")],
+            &[(2.0, 1000)],
+        )],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    assert_eq!(find(&out, "DCGM_FI_DEV_FB_USED")[0].samples[0].value, 2.0);
+    assert_eq!(
+        find(&out, "DCGM_FI_DEV_FB_USED_bytes")[0].samples[0].value,
+        2.0 * 1_048_576.0
+    );
+    // Per pack override.
+    let p = pipeline("keep_original: true\npacks:\n  keep_original: {dcgm: false}\n");
+    let out = run(&p, &req);
+    assert!(find(&out, "DCGM_FI_DEV_FB_USED").is_empty());
+}
+
+#[test]
+fn metadata_follows_its_family_and_is_reunited() {
+    let p = pipeline("");
+    let md = |name: &str, t: i32| pb::MetricMetadata {
+        r#type: t,
+        metric_family_name: name.into(),
+        help: "h".into(),
+        unit: String::new(),
+    };
+    let req = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![
+            md("sglang:kv_transfer_latency_ms", 3),
+            md("vllm:gpu_prefix_cache_hits_total", 1),
+            md("vllm:prefix_cache_hits_total", 1),
+            md("vllm:prompt_tokens_created", 2),
+            md("unrelated_metric", 2),
+        ],
+    };
+    let out = run(&p, &req);
+    let names: Vec<_> = out
+        .metadata
+        .iter()
+        .map(|m| m.metric_family_name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "sglang:kv_transfer_latency_seconds",
+            "vllm:prefix_cache_hits_total",
+            "unrelated_metric"
+        ]
+    );
+    assert_eq!(out.metadata[0].unit, "seconds");
+}
+
+#[test]
+fn collisions_merge_in_timestamp_order_without_duplicates() {
+    let p = pipeline("");
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[
+                    ("__name__", "vllm:gpu_prefix_cache_hits_total"),
+                    ("engine", "0"),
+                ],
+                &[(1.0, 1000), (3.0, 3000)],
+            ),
+            series(
+                &[
+                    ("__name__", "vllm:prefix_cache_hits_total"),
+                    ("engine", "0"),
+                ],
+                &[(9.0, 1000), (2.0, 2000)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    let mut ws = p.take_workspace();
+    p.process(&mut ws, &encode(&req)).unwrap();
+    let stats = p.stats(&ws).clone();
+    let out = decode(ws.compressed());
+    let got = find(&out, "vllm:prefix_cache_hits_total");
+    assert_eq!(got.len(), 1);
+    let s: Vec<_> = got[0]
+        .samples
+        .iter()
+        .map(|x| (x.timestamp, x.value))
+        .collect();
+    assert_eq!(
+        s,
+        [(1000, 1.0), (2000, 2.0), (3000, 3.0)],
+        "first sample kept for a repeated timestamp"
+    );
+    assert_eq!(stats.collisions, 1);
+    assert_eq!(stats.dropped_total(), 1, "the duplicate is counted");
+}
+
+#[test]
+fn drops_are_counted_by_reason() {
+    let p = pipeline("");
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[("__name__", "sglang:prompt_tokens_total"), ("tp_rank", "1")],
+                &[(1.0, 1), (2.0, 2)],
+            ),
+            series(&[("__name__", "vllm:prompt_tokens_created")], &[(1.0, 1)]),
+        ],
+        metadata: vec![],
+    };
+    let mut ws = p.take_workspace();
+    let r = p.process(&mut ws, &encode(&req)).unwrap();
+    assert!(r.empty, "nothing left to forward");
+    let stats = p.stats(&ws);
+    let reasons = p.rules().reasons();
+    let by = |name: &str| stats.dropped[reasons.iter().position(|r| r == name).unwrap()];
+    assert_eq!(by("tp_rank_dedup"), 2);
+    assert_eq!(by("created_series"), 1);
+}
+
+#[test]
+fn user_mapping_files_and_conflicts() {
+    let dir = std::env::temp_dir().join(format!("promnorm-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("mine.yaml"),
+        "pack: mine\nrules:\n  - match: {family: old_queue_depth, labels: {env: prod}}\n    rename: queue_depth\n    rename_labels: {svc: service}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("cfg.yaml"),
+        "listen: 127.0.0.1:0\npacks:\n  builtin: none\n  files: [mine.yaml]\n",
+    )
+    .unwrap();
+    let cfg = Config::load(&dir.join("cfg.yaml")).unwrap();
+    let p = Pipeline::new(Arc::new(cfg.validate().unwrap()), PipelineLimits::default());
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[
+                        ("__name__", "old_queue_depth"),
+                        ("env", "prod"),
+                        ("svc", "a"),
+                    ],
+                    &[(1.0, 1)],
+                ),
+                series(
+                    &[
+                        ("__name__", "old_queue_depth"),
+                        ("env", "dev"),
+                        ("svc", "a"),
+                    ],
+                    &[(1.0, 1)],
+                ),
+            ],
+            metadata: vec![],
+        },
+    );
+    assert_eq!(
+        find(&out, "queue_depth")[0].labels,
+        vec![
+            label("__name__", "queue_depth"),
+            label("env", "prod"),
+            label("service", "a")
+        ]
+    );
+    assert_eq!(
+        find(&out, "old_queue_depth").len(),
+        1,
+        "matcher-limited rule leaves dev alone"
+    );
+
+    // Two packs renaming different families onto one name without matchers: rejected.
+    std::fs::write(
+        dir.join("a.yaml"),
+        "pack: a\nrules:\n  - match: {family: x1}\n    rename: y\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        "pack: b\nrules:\n  - match: {family: x2}\n    rename: y\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "listen: 127.0.0.1:0\npacks:\n  builtin: none\n  files: [a.yaml, b.yaml]\n",
+    )
+    .unwrap();
+    let err = Config::load(&dir.join("bad.yaml"))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("conflict"), "{err}");
+    // Errors name the file and position.
+    std::fs::write(
+        dir.join("c.yaml"),
+        "pack: c\nrules:\n  - match: {family: x}\n    renam: y\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("bad2.yaml"),
+        "listen: 127.0.0.1:0\npacks:\n  files: [c.yaml]\n",
+    )
+    .unwrap();
+    let err = Config::load(&dir.join("bad2.yaml"))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("c.yaml:4:"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
