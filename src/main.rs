@@ -1,11 +1,9 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use promnorm::config::{BackendConfig, Config, parse_duration};
-use promnorm::pipeline::{Pipeline, PipelineLimits};
 
 #[derive(Parser)]
 #[command(
@@ -146,9 +144,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             files,
         } => {
             let cfg = load(config.as_ref())?;
-            let rules = cfg.compile_rules()?;
             let interval = parse_duration(&interval).map_err(anyhow::Error::msg)?;
-            let pipeline = Pipeline::new(Arc::new(rules), PipelineLimits::default());
+            let pipeline = cfg.pipeline()?;
             let mut inputs = Vec::new();
             if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") && files.len() == 1 {
                 let mut s = String::new();

@@ -146,6 +146,7 @@ pub fn normalize(
 ) -> Result<String, NormalizeError> {
     let mut ws: Box<Workspace> = pipeline.take_workspace();
     let mut lines = Vec::new();
+    let (mut derived, mut encoded, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
     for (i, (file, text)) in inputs.iter().enumerate() {
         let scrape = exposition::parse(text).map_err(|source| NormalizeError::Parse {
             file: file.clone(),
@@ -163,6 +164,16 @@ pub fn normalize(
             file: file.clone(),
             message,
         })?;
+        if let Some(d) = pipeline.deriver() {
+            derived.clear();
+            d.drain(&mut derived);
+            encoded.clear();
+            d.encode(&mut derived, &mut encoded, &mut scratch);
+            collect_lines(&encoded, &mut lines).map_err(|message| NormalizeError::Pipeline {
+                file: file.clone(),
+                message,
+            })?;
+        }
     }
     lines.sort();
     let mut out = String::new();

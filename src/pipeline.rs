@@ -1,9 +1,11 @@
 //! The request pipeline shared by `serve` and `normalize`:
-//! snappy decode → protobuf view → map → encode → snappy encode, on reusable buffers.
+//! snappy decode → protobuf view → map → derive → encode → snappy encode, on reusable
+//! buffers. Derived samples leave through the deriver's queues, not this request.
 
 use std::sync::{Arc, Mutex};
 
-use crate::mapping::{MapStats, Mapper, Rules};
+use crate::derive::{DeriveScratch, Deriver};
+use crate::mapping::{MapStats, Mapper, Rules, TapSet};
 use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +36,7 @@ pub struct Workspace {
     pub encoded: Vec<u8>,
     compressed: Vec<u8>,
     compressed_len: usize,
+    derive_scratch: DeriveScratch,
 }
 
 impl Workspace {
@@ -61,6 +64,8 @@ pub struct Processed {
 
 pub struct Pipeline {
     rules: Arc<Rules>,
+    deriver: Option<Arc<Deriver>>,
+    no_taps: TapSet,
     limits: PipelineLimits,
     #[allow(clippy::vec_box)] // workspaces move in and out of the pool as one pointer
     pool: Mutex<Vec<Box<Workspace>>>,
@@ -70,13 +75,25 @@ impl Pipeline {
     pub fn new(rules: Arc<Rules>, limits: PipelineLimits) -> Self {
         Pipeline {
             rules,
+            deriver: None,
+            no_taps: TapSet::default(),
             limits,
             pool: Mutex::new(Vec::new()),
         }
     }
 
+    /// Adds the derive stage: the pipeline feeds it the mapped series it needs.
+    pub fn with_deriver(mut self, deriver: Arc<Deriver>) -> Self {
+        self.deriver = Some(deriver);
+        self
+    }
+
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    pub fn deriver(&self) -> Option<&Arc<Deriver>> {
+        self.deriver.as_ref()
     }
 
     pub fn take_workspace(&self) -> Box<Workspace> {
@@ -120,8 +137,12 @@ impl Pipeline {
             },
         )?;
         ws.encoded.clear();
+        let taps = self.deriver.as_ref().map_or(&self.no_taps, |d| d.taps());
         ws.mapper
-            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded);
+            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded, taps);
+        if let Some(d) = &self.deriver {
+            d.observe(&ws.mapper, input, &mut ws.derive_scratch);
+        }
         let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
         ws.compressed_len = snappy::compress_into(encoder, &ws.encoded, &mut ws.compressed);
         Ok(Processed {

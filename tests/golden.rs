@@ -1,52 +1,144 @@
-//! Golden tests as data: each `tests/golden/NAME.prom` (one scrape of text exposition)
-//! goes through `promnorm normalize` with the embedded default configuration and must
-//! equal `tests/golden/NAME.out`. `UPDATE_GOLDEN=1` rewrites the .out files; review the
-//! diff before committing.
+//! Golden tests as data. Two shapes under `tests/golden/`:
+//! - `NAME.prom`: one scrape of text exposition, normalised with the embedded default
+//!   configuration, must equal `NAME.out` (the `dump-*` cases are the real dumps of
+//!   `shared/fixtures/exposition`);
+//! - `NAME/`: several scrapes `1.prom`, `2.prom`, ... taken 15 s apart, with an optional
+//!   `config.yaml`, must equal `NAME/expected.out` (derived series need several scrapes).
+//!
+//! `UPDATE_GOLDEN=1` rewrites the expected files; review the diff before committing.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 
 use promnorm::config::Config;
-use promnorm::pipeline::{Pipeline, PipelineLimits};
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn run_case(config: &Config, scrapes: &[PathBuf]) -> String {
+    let pipeline = config.pipeline().expect("configuration is valid");
+    let inputs: Vec<(String, String)> = scrapes
+        .iter()
+        .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
+        .collect();
+    promnorm::normalize::normalize(&pipeline, &inputs, 15_000).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn check(expected: &Path, got: &str, failures: &mut Vec<String>) {
+    if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
+        std::fs::write(expected, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(expected)
+        .unwrap_or_else(|_| panic!("{} missing", expected.display()));
+    if got != want {
+        failures.push(format!(
+            "{}:\n--- want\n{want}--- got\n{got}",
+            expected.display()
+        ));
+    }
+}
 
 #[test]
 fn golden_files() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let rules = Config::embedded_default()
-        .compile_rules()
-        .expect("built-in packs compile");
-    let pipeline = Pipeline::new(Arc::new(rules), PipelineLimits::default());
-    let mut cases: Vec<_> = std::fs::read_dir(&dir)
+    let mut entries: Vec<_> = std::fs::read_dir(golden_dir())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "prom"))
         .collect();
-    cases.sort();
-    assert!(cases.len() >= 8, "golden cases present");
-    let update = std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1");
+    entries.sort();
     let mut failures = Vec::new();
-    for case in &cases {
-        let input = std::fs::read_to_string(case).unwrap();
-        let got = promnorm::normalize::normalize(
-            &pipeline,
-            &[(case.display().to_string(), input)],
-            15_000,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let out = case.with_extension("out");
-        if update {
-            std::fs::write(&out, &got).unwrap();
-            continue;
-        }
-        let want =
-            std::fs::read_to_string(&out).unwrap_or_else(|_| panic!("{} missing", out.display()));
-        if got != want {
-            failures.push(format!(
-                "{}:\n--- want\n{want}--- got\n{got}",
-                case.display()
-            ));
+    let (mut single, mut multi) = (0, 0);
+    for path in &entries {
+        if path.is_dir() {
+            let cfg_path = path.join("config.yaml");
+            let config = if cfg_path.exists() {
+                Config::load(&cfg_path).unwrap_or_else(|e| panic!("{e}"))
+            } else {
+                Config::embedded_default()
+            };
+            let mut scrapes: Vec<PathBuf> = std::fs::read_dir(path)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "prom"))
+                .collect();
+            scrapes.sort_by_key(|p| {
+                p.file_stem()
+                    .and_then(|s| s.to_str())
+                    .and_then(|s| s.parse::<u32>().ok())
+                    .unwrap_or(u32::MAX)
+            });
+            assert!(scrapes.len() >= 2, "{}: needs 1.prom, 2.prom, ...", path.display());
+            let got = run_case(&config, &scrapes);
+            check(&path.join("expected.out"), &got, &mut failures);
+            multi += 1;
+        } else if path.extension().is_some_and(|x| x == "prom") {
+            let got = run_case(&Config::embedded_default(), std::slice::from_ref(path));
+            check(&path.with_extension("out"), &got, &mut failures);
+            single += 1;
         }
     }
+    assert!(single >= 12 && multi >= 4, "golden cases present");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    println!("{} golden cases", cases.len());
+    println!("{single} single-scrape and {multi} multi-scrape golden cases");
+}
+
+/// The value of the first output line named `name` whose labels contain `fragment`.
+fn value_of(out: &str, name: &str, fragment: &str) -> f64 {
+    out.lines()
+        .find(|l| {
+            l.split(['{', ' ']).next() == Some(name) && l.contains(fragment)
+        })
+        .and_then(|l| l.rsplit(' ').nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} with {fragment} in output"))
+}
+
+fn names(out: &str) -> std::collections::BTreeSet<&str> {
+    out.lines().filter_map(|l| l.split(['{', ' ']).next()).collect()
+}
+
+/// The SPEC's renames, factors and drops on the families of the real dumps.
+#[test]
+fn real_dumps_get_the_spec_treatment() {
+    let dir = golden_dir();
+    let run = |f: &str| run_case(&Config::embedded_default(), &[dir.join(f)]);
+
+    let dcgm = run("dump-dcgm-exporter-datadog-fixture-2931c10.prom");
+    let host = r#"hostname="424773df46e0""#;
+    assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_FB_FREE_bytes", host), 15109.0 * 1048576.0);
+    assert_eq!(
+        value_of(&dcgm, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_joules_total", host),
+        128996.013
+    );
+    assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_SM_CLOCK_hertz", host), 300e6);
+    assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_POWER_USAGE", host), 8.969);
+    assert!(!dcgm.contains("Hostname="), "Hostname renamed to hostname");
+    let n = names(&dcgm);
+    for gone in ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK"] {
+        assert!(!n.contains(gone), "{gone} left under its old name");
+    }
+
+    let sglang = run("dump-sglang-0.5.7to0.5.9-dynamo-a7b23c0.prom");
+    let n = names(&sglang);
+    for want in [
+        "sglang:kv_transfer_latency_seconds",
+        "sglang:kv_transfer_speed_bytes_per_second",
+        "dynamo_component_kvstats_gpu_cache_usage_ratio",
+    ] {
+        assert!(n.contains(want), "{want} missing");
+    }
+    for gone in [
+        "sglang:kv_transfer_latency_ms",
+        "sglang:kv_transfer_speed_gb_s",
+        "dynamo_component_kvstats_gpu_cache_usage_percent",
+    ] {
+        assert!(!n.contains(gone), "{gone} left under its old name");
+    }
+
+    let vllm = run("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom");
+    let input = std::fs::read_to_string(dir.join("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom"))
+        .unwrap();
+    assert!(input.contains("_created"), "the dump has _created series");
+    assert!(!vllm.contains("_created"), "_created series dropped");
+    assert!(names(&vllm).contains("vllm:kv_cache_usage_perc"));
 }

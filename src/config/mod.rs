@@ -66,6 +66,55 @@ pub struct Config {
     pub ingest_auth: Option<IngestAuth>,
     #[serde(default = "default_shutdown", deserialize_with = "de_duration")]
     pub shutdown_timeout: Duration,
+    #[serde(default)]
+    pub derived: DerivedConfig,
+}
+
+/// Derived series (SPEC 2.5).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DerivedConfig {
+    pub enabled: bool,
+    /// Compute against the oldest point within this window instead of the previous one.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub window: Option<Duration>,
+    #[serde(deserialize_with = "de_duration")]
+    pub stale_after: Duration,
+    pub max_series: usize,
+    pub max_pending_samples: usize,
+    /// How often the writer sends queued derived samples.
+    #[serde(deserialize_with = "de_duration")]
+    pub flush_interval: Duration,
+    pub peaks: Vec<PeakConfig>,
+}
+
+impl Default for DerivedConfig {
+    fn default() -> Self {
+        DerivedConfig {
+            enabled: true,
+            window: None,
+            stale_after: Duration::from_secs(600),
+            max_series: 1_000_000,
+            max_pending_samples: 1_000_000,
+            flush_interval: Duration::from_secs(1),
+            peaks: Vec::new(),
+        }
+    }
+}
+
+/// Peak FLOP/s and memory bandwidth for the series whose labels match `match` exactly:
+/// numbers, or a GPU model from the built-in table (numbers override the model's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakConfig {
+    #[serde(rename = "match", default)]
+    pub matchers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gpu: Option<String>,
+    #[serde(default)]
+    pub flops: Option<f64>,
+    #[serde(default)]
+    pub bandwidth: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -267,6 +316,12 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
+fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 impl Config {
     pub fn embedded_default() -> Config {
         Config::parse(DEFAULT_CONFIG, "<embedded default>")
@@ -320,7 +375,84 @@ impl Config {
                 )));
             }
         }
+        self.derive_settings()?;
         self.compile_rules()
+    }
+
+    /// The derived-series settings, peaks resolved; `None` when derived series are off.
+    pub fn derive_settings(&self) -> Result<Option<crate::derive::DeriveSettings>, ConfigError> {
+        let d = &self.derived;
+        if !d.enabled {
+            return Ok(None);
+        }
+        if d.max_series == 0 || d.max_pending_samples == 0 {
+            return Err(ConfigError::Invalid(
+                "derived: max_series and max_pending_samples must be positive".into(),
+            ));
+        }
+        if d.window.is_some_and(|w| w.is_zero()) {
+            return Err(ConfigError::Invalid("derived: window must be positive".into()));
+        }
+        let mut peaks = Vec::new();
+        for (i, p) in d.peaks.iter().enumerate() {
+            let gpu = match &p.gpu {
+                None => None,
+                Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
+                        crate::derive::gpus::known_names().join(", ")
+                    ))
+                })?),
+            };
+            let flops = p.flops.or(gpu.map(|g| g.flops));
+            let bandwidth = p.bandwidth.or(gpu.map(|g| g.bandwidth));
+            for (what, v) in [("flops", flops), ("bandwidth", bandwidth)] {
+                if let Some(v) = v
+                    && !(v.is_finite() && v > 0.0)
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "derived.peaks[{i}]: {what} must be a positive number, not {v}"
+                    )));
+                }
+            }
+            if flops.is_none() && bandwidth.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "derived.peaks[{i}]: needs gpu, flops or bandwidth"
+                )));
+            }
+            peaks.push(crate::derive::Peak {
+                matchers: p
+                    .matchers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                flops,
+                bandwidth,
+            });
+        }
+        Ok(Some(crate::derive::DeriveSettings {
+            window: d.window,
+            stale_after: d.stale_after,
+            max_series: d.max_series,
+            max_pending_samples: d.max_pending_samples,
+            peaks,
+        }))
+    }
+
+    /// The pipeline this configuration describes: compiled packs plus derived series.
+    pub fn pipeline(&self) -> Result<crate::pipeline::Pipeline, ConfigError> {
+        let rules = self.compile_rules()?;
+        let mut p = crate::pipeline::Pipeline::new(
+            std::sync::Arc::new(rules),
+            crate::pipeline::PipelineLimits {
+                max_decoded_bytes: self.limits.max_decoded_bytes,
+                max_series: self.limits.max_series_per_request,
+            },
+        );
+        if let Some(settings) = self.derive_settings()? {
+            p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+        }
+        Ok(p)
     }
 
     /// Loads the enabled packs (built-in, then users' files) and compiles them.

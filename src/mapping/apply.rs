@@ -97,6 +97,63 @@ impl MapStats {
 
 type MetaTarget = Option<(Box<str>, Option<Box<str>>, bool)>;
 
+/// Output metric names the derive stage reads (inputs of derived series). The mapper
+/// records the output series with these names, after every rule has applied.
+#[derive(Debug, Default, Clone)]
+pub struct TapSet {
+    names: AHashSet<Box<[u8]>>,
+}
+
+impl TapSet {
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        TapSet {
+            names: names.into_iter().map(|n| n.as_bytes().into()).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    #[inline]
+    pub fn contains(&self, name: &[u8]) -> bool {
+        self.names.contains(name)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Tapped {
+    labels: Range32,
+    samples: Range32,
+}
+
+/// One recorded output series: its final labels (with `__name__`) and float samples.
+pub struct TappedSeries<'a> {
+    mapper: &'a Mapper,
+    buf: &'a [u8],
+    tapped: Tapped,
+}
+
+impl<'a> TappedSeries<'a> {
+    pub fn labels(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone + 'a {
+        let (m, buf) = (self.mapper, self.buf);
+        m.tap_labels[self.tapped.labels.usize()]
+            .iter()
+            .map(move |(n, v)| (m.str_bytes(*n, buf), m.str_bytes(*v, buf)))
+    }
+
+    pub fn name(&self) -> &'a [u8] {
+        self.labels()
+            .find(|(n, _)| *n == b"__name__")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+
+    pub fn samples(&self) -> &'a [SampleView] {
+        &self.mapper.tap_samples[self.tapped.samples.usize()]
+    }
+}
+
 /// Reusable per-worker state of the mapping stage.
 #[derive(Default)]
 pub struct Mapper {
@@ -118,6 +175,9 @@ pub struct Mapper {
     gather_hist: Vec<(i64, u32)>,
     gather_ex: Vec<ExemplarOut>,
     series_buf: Vec<u8>,
+    taps: Vec<Tapped>,
+    tap_labels: Vec<(Str, Str)>,
+    tap_samples: Vec<SampleView>,
     pub stats: MapStats,
 }
 
@@ -137,16 +197,21 @@ impl Mapper {
         self.histograms.clear();
         self.index.clear();
         self.meta_seen.clear();
+        self.taps.clear();
+        self.tap_labels.clear();
+        self.tap_samples.clear();
         self.stats.reset(rules.reasons().len(), rules.packs().len());
     }
 
     /// Maps `req` (decoded from `buf`) and appends the encoded `WriteRequest` to `out`.
+    /// Output series named in `taps` are recorded for [`Mapper::tapped`].
     pub fn map_request(
         &mut self,
         rules: &Rules,
         buf: &[u8],
         req: &DecodedRequest,
         out: &mut Vec<u8>,
+        taps: &TapSet,
     ) {
         self.reset(rules);
         for s in &req.series {
@@ -156,6 +221,7 @@ impl Mapper {
                 None if s.canonical => {
                     write_raw_series(out, s.raw.bytes(buf));
                     self.count_out(s);
+                    self.tap_raw(taps, buf, req, s);
                 }
                 None | Some(Resolved::OutputName) => self.apply(None, buf, req, s),
                 Some(Resolved::Plan(plan)) => {
@@ -163,6 +229,7 @@ impl Mapper {
                         if s.canonical {
                             write_raw_series(out, s.raw.bytes(buf));
                             self.count_out(s);
+                            self.tap_raw(taps, buf, req, s);
                         } else {
                             self.apply(None, buf, req, s);
                         }
@@ -171,8 +238,77 @@ impl Mapper {
                 }
             }
         }
-        self.encode_merged(buf, req, out);
+        self.encode_merged(buf, req, out, taps);
         self.map_metadata(rules, buf, req, out);
+    }
+
+    /// The output series recorded for the derive stage by the last [`Mapper::map_request`].
+    pub fn tapped<'a>(&'a self, buf: &'a [u8]) -> impl Iterator<Item = TappedSeries<'a>> + 'a {
+        self.taps.iter().map(move |t| TappedSeries {
+            mapper: self,
+            buf,
+            tapped: *t,
+        })
+    }
+
+    fn tap_raw(&mut self, taps: &TapSet, buf: &[u8], req: &DecodedRequest, s: &SeriesView) {
+        if taps.is_empty() || s.samples.is_empty() || !taps.contains(s.name.bytes(buf)) {
+            return;
+        }
+        let l_start = self.tap_labels.len() as u32;
+        for l in &req.labels[s.labels.usize()] {
+            self.tap_labels.push((Str::In(l.name), Str::In(l.value)));
+        }
+        let s_start = self.tap_samples.len() as u32;
+        self.tap_samples
+            .extend_from_slice(&req.samples[s.samples.usize()]);
+        self.taps.push(Tapped {
+            labels: Range32 {
+                start: l_start,
+                end: self.tap_labels.len() as u32,
+            },
+            samples: Range32 {
+                start: s_start,
+                end: self.tap_samples.len() as u32,
+            },
+        });
+    }
+
+    /// Records a merged output series if the derive stage wants it; `samples` are the
+    /// samples just written for it.
+    fn tap_merged(&mut self, taps: &TapSet, buf: &[u8], labels: Range32, samples: Range32, gathered: bool) {
+        let out_labels = &self.out_labels[labels.usize()];
+        let Some(name) = out_labels
+            .iter()
+            .find(|l| self.str_bytes(l.name, buf) == b"__name__")
+        else {
+            return;
+        };
+        if !taps.contains(self.str_bytes(name.value, buf)) {
+            return;
+        }
+        let l_start = self.tap_labels.len() as u32;
+        for i in labels.usize() {
+            let l = self.out_labels[i];
+            self.tap_labels.push((l.name, l.value));
+        }
+        let s_start = self.tap_samples.len() as u32;
+        if gathered {
+            self.tap_samples.extend_from_slice(&self.gather_samples);
+        } else {
+            self.tap_samples
+                .extend_from_slice(&self.samples[samples.usize()]);
+        }
+        self.taps.push(Tapped {
+            labels: Range32 {
+                start: l_start,
+                end: self.tap_labels.len() as u32,
+            },
+            samples: Range32 {
+                start: s_start,
+                end: self.tap_samples.len() as u32,
+            },
+        });
     }
 
     fn count_out(&mut self, s: &SeriesView) {
@@ -533,7 +669,13 @@ impl Mapper {
         self.index.insert(hash, id);
     }
 
-    fn encode_merged(&mut self, buf: &[u8], req: &DecodedRequest, out: &mut Vec<u8>) {
+    fn encode_merged(
+        &mut self,
+        buf: &[u8],
+        req: &DecodedRequest,
+        out: &mut Vec<u8>,
+        taps: &TapSet,
+    ) {
         let mut series_buf = std::mem::take(&mut self.series_buf);
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
@@ -557,8 +699,14 @@ impl Mapper {
                     w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
+                if !taps.is_empty() && !first.samples.is_empty() {
+                    self.tap_merged(taps, buf, o.labels, first.samples, false);
+                }
             } else {
                 self.encode_chunks(&mut w, o.first_chunk, buf, req);
+                if !taps.is_empty() && !self.gather_samples.is_empty() {
+                    self.tap_merged(taps, buf, o.labels, first.samples, true);
+                }
             }
             w.finish(out);
             self.stats.series_out += 1;

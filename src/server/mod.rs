@@ -18,13 +18,19 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigError};
+use crate::derive::Deriver;
+use crate::derive::writer::Writer;
 use crate::forward::{Forwarder, HttpBackend, Outcome, Sink, verdict};
 use crate::pipeline::{Pipeline, PipelineLimits};
 use crate::telemetry;
 
 pub struct AppState {
     pub pipeline: Pipeline,
-    pub forwarder: Forwarder,
+    pub forwarder: Arc<Forwarder>,
+    /// Flush interval of the derived-series writer.
+    pub derived_flush: Duration,
+    /// Tells the derived-series writer to flush a last time and stop.
+    pub derived_stop: Arc<Notify>,
     pub max_body_bytes: usize,
     pub ingest_token: Option<String>,
     pub metrics: PrometheusHandle,
@@ -58,20 +64,65 @@ impl AppState {
             .as_ref()
             .map(|a| a.bearer_token.read())
             .transpose()?;
+        let mut pipeline = Pipeline::new(
+            Arc::new(rules),
+            PipelineLimits {
+                max_decoded_bytes: cfg.limits.max_decoded_bytes,
+                max_series: cfg.limits.max_series_per_request,
+            },
+        );
+        if let Some(settings) = cfg.derive_settings()? {
+            pipeline = pipeline.with_deriver(Arc::new(Deriver::new(&settings)));
+        }
         Ok(AppState {
-            pipeline: Pipeline::new(
-                Arc::new(rules),
-                PipelineLimits {
-                    max_decoded_bytes: cfg.limits.max_decoded_bytes,
-                    max_series: cfg.limits.max_series_per_request,
-                },
-            ),
-            forwarder,
+            pipeline,
+            forwarder: Arc::new(forwarder),
+            derived_flush: cfg.derived.flush_interval,
+            derived_stop: Arc::new(Notify::new()),
             max_body_bytes: cfg.limits.max_body_bytes,
             ingest_token,
             metrics: telemetry::metrics_handle(),
             ready: AtomicBool::new(true),
         })
+    }
+}
+
+impl AppState {
+    /// Starts the derived-series writer (when derived series are on) on the current
+    /// runtime. Stop it with [`AppState::stop_background`].
+    pub fn spawn_background(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let deriver = self.pipeline.deriver()?.clone();
+        let writer = Writer::new(deriver, self.forwarder.clone());
+        Some(tokio::spawn(
+            writer.run(self.derived_flush, self.derived_stop.clone()),
+        ))
+    }
+
+    /// Flushes derived samples a last time and waits (bounded) for the writer to end.
+    pub async fn stop_background(&self, handle: Option<tokio::task::JoinHandle<()>>, within: Duration) {
+        if let Some(h) = handle {
+            self.derived_stop.notify_one();
+            if tokio::time::timeout(within, h).await.is_err() {
+                tracing::warn!("derived-series writer did not finish its last flush in time");
+            }
+        }
+    }
+
+    /// Sets the gauges read at scrape time.
+    fn update_gauges(&self) {
+        if let Some(d) = self.pipeline.deriver() {
+            metrics::gauge!("promnorm_derived_state_series").set(d.series_count() as f64);
+            let c = &d.counters;
+            let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            metrics::counter!("promnorm_derived_evictions_total", "reason" => "stale")
+                .absolute(load(&c.evicted_stale));
+            metrics::counter!("promnorm_derived_evictions_total", "reason" => "max_series")
+                .absolute(load(&c.evicted_limit));
+            metrics::counter!("promnorm_derived_incomplete_points_total")
+                .absolute(load(&c.incomplete));
+            metrics::counter!("promnorm_samples_dropped_total", "reason" => "derived_backlog")
+                .absolute(load(&c.backlog_dropped));
+        }
     }
 }
 
@@ -87,6 +138,7 @@ pub fn router(state: Arc<AppState>, write_paths: &[String]) -> Router {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    st.update_gauges();
     (
         [(
             header::CONTENT_TYPE,
@@ -332,8 +384,12 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
         "promnorm serving"
     );
-    let app = router(state, &cfg.write_paths);
+    let background = state.spawn_background();
+    let app = router(state.clone(), &cfg.write_paths);
     run(listener, app, shutdown_signal(), cfg.shutdown_timeout).await?;
+    state
+        .stop_background(background, cfg.shutdown_timeout)
+        .await;
     tracing::info!("stopped");
     Ok(())
 }

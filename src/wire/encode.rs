@@ -38,6 +38,12 @@ fn put_label(out: &mut Vec<u8>, field: u32, name: &[u8], value: &[u8]) {
     }
 }
 
+/// Appends one `Label` as field 1 of a `TimeSeries` (the shape of a series' label list).
+#[inline]
+pub fn write_series_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    put_label(out, 1, name, value);
+}
+
 /// Builds one `TimeSeries` message in a scratch buffer, then appends it with its key and
 /// length. Callers must add labels first, sorted, then samples, exemplars, histograms.
 pub struct SeriesWriter<'a> {
@@ -53,6 +59,12 @@ impl<'a> SeriesWriter<'a> {
     #[inline]
     pub fn label(&mut self, name: &[u8], value: &[u8]) {
         put_label(self.body, 1, name, value);
+    }
+
+    /// Appends labels already encoded by [`write_series_label`], in order.
+    #[inline]
+    pub fn raw_labels(&mut self, encoded: &[u8]) {
+        self.body.extend_from_slice(encoded);
     }
 
     #[inline]

@@ -153,15 +153,23 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let app = router(state, &cfg.write_paths);
-    let done = tokio::spawn(run(
-        listener,
-        app,
-        async move {
-            let _ = rx.await;
-        },
-        Duration::from_secs(5),
-    ));
+    let background = state.spawn_background();
+    let app = router(state.clone(), &cfg.write_paths);
+    let done = tokio::spawn(async move {
+        let r = run(
+            listener,
+            app,
+            async move {
+                let _ = rx.await;
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+        state
+            .stop_background(background, Duration::from_secs(5))
+            .await;
+        r
+    });
     Proxy {
         addr,
         stop: Some(tx),

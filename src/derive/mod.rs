@@ -1,0 +1,352 @@
+//! Derived series (SPEC 2.5): hit ratios, speculative-decoding acceptance, MFU and MBU,
+//! computed from consecutive samples of counters that may arrive in different,
+//! concurrent requests.
+//!
+//! State lives in a fixed number of shards, each a mutex over a map from the derived
+//! series' encoded label set to its [`state::SeriesState`]. A derived sample is pushed
+//! onto its shard's queue while that shard is locked, so the samples of one series are
+//! queued in timestamp order; the [`writer`] drains the queues and sends them as
+//! requests of their own, so a backend rejecting them never touches the sender's data.
+
+pub mod defs;
+pub mod gpus;
+pub mod state;
+pub mod writer;
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ahash::AHashMap;
+
+use crate::mapping::{Mapper, TapSet, TappedSeries};
+use crate::wire::encode::{SeriesWriter, write_series_label};
+use defs::{DEFINITIONS, Definition};
+use state::SeriesState;
+
+const SHARDS: usize = 64;
+
+/// A peak chosen by exact label matchers; `None` figures give no series of that kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peak {
+    pub matchers: Vec<(String, String)>,
+    pub flops: Option<f64>,
+    pub bandwidth: Option<f64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeriveSettings {
+    /// Compute against the oldest point within this window instead of the previous one.
+    pub window: Option<Duration>,
+    pub stale_after: Duration,
+    pub max_series: usize,
+    /// Derived samples waiting for the writer, at most (beyond: dropped and counted).
+    pub max_pending_samples: usize,
+    pub peaks: Vec<Peak>,
+}
+
+impl Default for DeriveSettings {
+    fn default() -> Self {
+        DeriveSettings {
+            window: None,
+            stale_after: Duration::from_secs(600),
+            max_series: 1_000_000,
+            max_pending_samples: 1_000_000,
+            peaks: Vec::new(),
+        }
+    }
+}
+
+/// A derived sample waiting to be sent. `labels` are the encoded `Label`s of the series
+/// (shared with its state, so queueing allocates nothing).
+#[derive(Clone, Debug)]
+pub struct Emitted {
+    pub labels: Arc<[u8]>,
+    pub def: u16,
+    pub timestamp: i64,
+    pub value_bits: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    series: AHashMap<Arc<[u8]>, SeriesState>,
+    queue: Vec<Emitted>,
+}
+
+/// Counts kept by the deriver; exported as promnorm metrics by the caller.
+#[derive(Default)]
+pub struct DeriveCounters {
+    pub evicted_stale: AtomicU64,
+    pub evicted_limit: AtomicU64,
+    /// Points given up because one input never reported that timestamp.
+    pub incomplete: AtomicU64,
+    /// Derived samples dropped because the writer's queue was full.
+    pub backlog_dropped: AtomicU64,
+    /// Input series with no configured peak (no MFU/MBU for them).
+    pub no_peak: AtomicU64,
+}
+
+/// Reusable per-worker scratch of the derive stage.
+#[derive(Default)]
+pub struct DeriveScratch {
+    key: Vec<u8>,
+}
+
+pub struct Deriver {
+    defs: Vec<Definition>,
+    /// Input name → (definition index, input slot).
+    inputs: AHashMap<Box<[u8]>, Vec<(u16, u8)>>,
+    taps: TapSet,
+    peaks: Vec<Peak>,
+    window_ms: i64,
+    stale_after_s: u32,
+    shard_limit: usize,
+    shard_queue_limit: usize,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: ahash::RandomState,
+    series_count: AtomicUsize,
+    start: Instant,
+    pub counters: DeriveCounters,
+}
+
+impl Deriver {
+    pub fn new(settings: &DeriveSettings) -> Self {
+        let has_flops = settings.peaks.iter().any(|p| p.flops.is_some());
+        let has_bandwidth = settings.peaks.iter().any(|p| p.bandwidth.is_some());
+        // Utilisation series exist only where a peak is configured.
+        let defs: Vec<Definition> = DEFINITIONS
+            .iter()
+            .filter(|d| (!d.needs_flops() || has_flops) && (!d.needs_bandwidth() || has_bandwidth))
+            .copied()
+            .collect();
+        let mut inputs: AHashMap<Box<[u8]>, Vec<(u16, u8)>> = AHashMap::new();
+        for (di, d) in defs.iter().enumerate() {
+            for (slot, name) in d.inputs.iter().enumerate() {
+                inputs
+                    .entry(name.as_bytes().into())
+                    .or_default()
+                    .push((di as u16, slot as u8));
+            }
+        }
+        let taps = TapSet::new(defs.iter().flat_map(|d| d.inputs.iter().copied()));
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        Deriver {
+            defs,
+            inputs,
+            taps,
+            peaks: settings.peaks.clone(),
+            window_ms: settings.window.map_or(0, |w| w.as_millis() as i64),
+            stale_after_s: settings.stale_after.as_secs().clamp(1, u32::MAX as u64) as u32,
+            shard_limit: settings.max_series.div_ceil(SHARDS).max(1),
+            shard_queue_limit: settings.max_pending_samples.div_ceil(SHARDS).max(1),
+            shards,
+            hasher: ahash::RandomState::with_seeds(0x5eed, 0xdead, 0xbeef, 0xf00d),
+            series_count: AtomicUsize::new(0),
+            start: Instant::now(),
+            counters: DeriveCounters::default(),
+        }
+    }
+
+    /// The output names the mapping stage must record for this deriver.
+    pub fn taps(&self) -> &TapSet {
+        &self.taps
+    }
+
+    pub fn definitions(&self) -> &[Definition] {
+        &self.defs
+    }
+
+    /// Series currently held in state.
+    pub fn series_count(&self) -> usize {
+        self.series_count.load(Ordering::Relaxed)
+    }
+
+    fn now_s(&self) -> u32 {
+        self.start.elapsed().as_secs().min(u32::MAX as u64) as u32
+    }
+
+    /// Feeds the series the mapper recorded in its last request.
+    pub fn observe(&self, mapper: &Mapper, buf: &[u8], scratch: &mut DeriveScratch) {
+        let now_s = self.now_s();
+        for t in mapper.tapped(buf) {
+            let Some(targets) = self.inputs.get(t.name()) else {
+                continue;
+            };
+            for &(di, slot) in targets {
+                self.observe_one(&t, di, slot as usize, now_s, scratch);
+            }
+        }
+    }
+
+    fn observe_one(
+        &self,
+        t: &TappedSeries<'_>,
+        di: u16,
+        slot: usize,
+        now_s: u32,
+        scratch: &mut DeriveScratch,
+    ) {
+        let def = &self.defs[di as usize];
+        derived_key(def.name, t.labels(), &mut scratch.key);
+        let key = scratch.key.as_slice();
+        let mut h = self.hasher.build_hasher();
+        h.write(key);
+        let shard_idx = (h.finish() as usize) % SHARDS;
+        let Ok(mut guard) = self.shards[shard_idx].lock() else {
+            return;
+        };
+        let shard = &mut *guard;
+        if !shard.series.contains_key(key) {
+            let peak = if def.needs_flops() || def.needs_bandwidth() {
+                match self.peak_for(def, t.labels()) {
+                    Some(p) => p,
+                    None => {
+                        self.counters.no_peak.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            } else {
+                0.0
+            };
+            if shard.series.len() >= self.shard_limit {
+                self.evict_least_recent(shard);
+            }
+            shard
+                .series
+                .insert(Arc::from(key), SeriesState::new(di, peak, now_s));
+            self.series_count.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(labels) = shard.series.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let Some(state) = shard.series.get_mut(key) else {
+            return;
+        };
+        state.last_seen_s = now_s;
+        let mut incomplete = 0;
+        for smp in t.samples() {
+            if let Some((ts, bits)) =
+                state.observe(def, slot, smp.timestamp, smp.value_bits, self.window_ms, &mut incomplete)
+            {
+                if shard.queue.len() >= self.shard_queue_limit {
+                    self.counters.backlog_dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                shard.queue.push(Emitted {
+                    labels: labels.clone(),
+                    def: di,
+                    timestamp: ts,
+                    value_bits: bits,
+                });
+            }
+        }
+        if incomplete > 0 {
+            self.counters
+                .incomplete
+                .fetch_add(incomplete as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn peak_for<'a>(
+        &self,
+        def: &Definition,
+        labels: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
+    ) -> Option<f64> {
+        self.peaks
+            .iter()
+            .filter(|p| {
+                p.matchers.iter().all(|(n, v)| {
+                    labels
+                        .clone()
+                        .any(|(ln, lv)| ln == n.as_bytes() && lv == v.as_bytes())
+                })
+            })
+            .find_map(|p| if def.needs_flops() { p.flops } else { p.bandwidth })
+    }
+
+    fn evict_least_recent(&self, shard: &mut Shard) {
+        let victim = shard
+            .series
+            .iter()
+            .min_by_key(|(_, s)| s.last_seen_s)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = victim {
+            shard.series.remove(&k);
+            self.series_count.fetch_sub(1, Ordering::Relaxed);
+            self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves every queued derived sample into `out` (per series in timestamp order).
+    pub fn drain(&self, out: &mut Vec<Emitted>) {
+        for shard in self.shards.iter() {
+            if let Ok(mut s) = shard.lock() {
+                out.append(&mut s.queue);
+            }
+        }
+    }
+
+    /// Forgets series whose inputs have not been seen for `stale_after`.
+    pub fn sweep(&self) {
+        let now = self.now_s();
+        let limit = self.stale_after_s;
+        for shard in self.shards.iter() {
+            if let Ok(mut s) = shard.lock() {
+                let before = s.series.len();
+                s.series
+                    .retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                let gone = before - s.series.len();
+                if gone > 0 {
+                    self.series_count.fetch_sub(gone, Ordering::Relaxed);
+                    self.counters
+                        .evicted_stale
+                        .fetch_add(gone as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Encodes `batch` as one `WriteRequest`: one `TimeSeries` per derived series, its
+    /// samples in queue (timestamp) order.
+    pub fn encode(&self, batch: &mut [Emitted], out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+        // Stable: keeps each series' samples in the order they were queued.
+        batch.sort_by_key(|e| Arc::as_ptr(&e.labels) as *const u8 as usize);
+        let mut i = 0;
+        while i < batch.len() {
+            let mut j = i;
+            let mut w = SeriesWriter::new(scratch);
+            w.raw_labels(&batch[i].labels);
+            while j < batch.len() && Arc::ptr_eq(&batch[j].labels, &batch[i].labels) {
+                w.sample(batch[j].value_bits, batch[j].timestamp);
+                j += 1;
+            }
+            w.finish(out);
+            i = j;
+        }
+    }
+}
+
+/// Encodes the derived series' labels: `__name__` = `name` plus the input's labels minus
+/// its own name (and `le`/`quantile`), in label-name order.
+fn derived_key<'a>(
+    name: &str,
+    labels: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    let mut name_written = false;
+    for (n, v) in labels {
+        if n == b"__name__" || n == b"le" || n == b"quantile" {
+            continue;
+        }
+        if !name_written && n > b"__name__".as_slice() {
+            write_series_label(out, b"__name__", name.as_bytes());
+            name_written = true;
+        }
+        write_series_label(out, n, v);
+    }
+    if !name_written {
+        write_series_label(out, b"__name__", name.as_bytes());
+    }
+}

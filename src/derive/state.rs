@@ -1,0 +1,342 @@
+//! Per-series state of one derived series: pairs the inputs' samples by timestamp and
+//! turns consecutive complete points into a value, with PromQL `rate()` semantics.
+
+use std::collections::VecDeque;
+
+use super::defs::{Definition, Formula, MAX_INPUTS};
+use crate::mapping::STALE_NAN_BITS;
+
+/// Timestamps an input may run ahead of another before the oldest half-filled point is
+/// given up. Prometheus' shards can lag each other by a few batches.
+pub const PENDING_POINTS: usize = 4;
+
+const EMPTY: i64 = i64::MIN;
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    timestamp: i64,
+    values: [f64; MAX_INPUTS],
+    mask: u8,
+}
+
+const NO_PENDING: Pending = Pending {
+    timestamp: EMPTY,
+    values: [0.0; MAX_INPUTS],
+    mask: 0,
+};
+
+/// A timestamp at which every input had a sample.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    timestamp: i64,
+    raw: [f64; MAX_INPUTS],
+    /// Reset-adjusted increase since the series was first seen (for windows).
+    increase: [f64; MAX_INPUTS],
+}
+
+#[derive(Debug)]
+pub struct SeriesState {
+    pub def: u16,
+    /// Peak FLOP/s or bytes/s for utilisation formulas.
+    pub peak: f64,
+    /// Coarse clock (seconds since the deriver started) of the last input seen.
+    pub last_seen_s: u32,
+    last_emitted: i64,
+    stale: bool,
+    pending: [Pending; PENDING_POINTS],
+    last: Option<Point>,
+    window: VecDeque<Point>,
+}
+
+impl SeriesState {
+    pub fn new(def: u16, peak: f64, now_s: u32) -> Self {
+        SeriesState {
+            def,
+            peak,
+            last_seen_s: now_s,
+            last_emitted: EMPTY,
+            stale: false,
+            pending: [NO_PENDING; PENDING_POINTS],
+            last: None,
+            window: VecDeque::new(),
+        }
+    }
+
+    fn forget(&mut self) {
+        self.pending = [NO_PENDING; PENDING_POINTS];
+        self.last = None;
+        self.window.clear();
+    }
+
+    /// Feeds one sample of input `slot`. `window_ms` 0 means "previous point".
+    pub fn observe(
+        &mut self,
+        def: &Definition,
+        slot: usize,
+        timestamp: i64,
+        value_bits: u64,
+        window_ms: i64,
+        incomplete: &mut u32,
+    ) -> Option<(i64, u64)> {
+        if value_bits == STALE_NAN_BITS {
+            // The input series ended: end the derived series too, once.
+            let was_live = !self.stale && self.last_emitted != EMPTY;
+            self.stale = true;
+            self.forget();
+            if was_live && timestamp > self.last_emitted {
+                self.last_emitted = timestamp;
+                return Some((timestamp, STALE_NAN_BITS));
+            }
+            return None;
+        }
+        let value = f64::from_bits(value_bits);
+        if !value.is_finite() {
+            return None;
+        }
+        if self.last.is_some_and(|p| timestamp <= p.timestamp) {
+            return None; // a resent or older sample: already accounted for
+        }
+        self.stale = false;
+        let n = def.inputs.len();
+        let full: u8 = (1u8 << n) - 1;
+        let idx = match self.pending.iter().position(|p| p.timestamp == timestamp) {
+            Some(i) => i,
+            None => {
+                let i = match self.pending.iter().position(|p| p.timestamp == EMPTY) {
+                    Some(i) => i,
+                    None => {
+                        let (oldest, p) = self
+                            .pending
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, p)| p.timestamp)
+                            .map(|(i, p)| (i, *p))
+                            .unwrap_or((0, NO_PENDING));
+                        if timestamp < p.timestamp {
+                            *incomplete += 1;
+                            return None;
+                        }
+                        *incomplete += 1;
+                        oldest
+                    }
+                };
+                self.pending[i] = Pending {
+                    timestamp,
+                    ..NO_PENDING
+                };
+                i
+            }
+        };
+        let p = &mut self.pending[idx];
+        p.values[slot] = value;
+        p.mask |= 1 << slot;
+        if p.mask != full {
+            return None;
+        }
+        let raw = p.values;
+        self.pending[idx] = NO_PENDING;
+        // Earlier half-filled points can never complete now: inputs arrive in order.
+        for q in self.pending.iter_mut() {
+            if q.timestamp != EMPTY && q.timestamp < timestamp {
+                *q = NO_PENDING;
+                *incomplete += 1;
+            }
+        }
+        self.complete(def, timestamp, raw, n, window_ms)
+    }
+
+    fn complete(
+        &mut self,
+        def: &Definition,
+        timestamp: i64,
+        raw: [f64; MAX_INPUTS],
+        n: usize,
+        window_ms: i64,
+    ) -> Option<(i64, u64)> {
+        let Some(prev) = self.last else {
+            let first = Point {
+                timestamp,
+                raw,
+                increase: [0.0; MAX_INPUTS],
+            };
+            self.last = Some(first);
+            if window_ms > 0 {
+                self.window.push_back(first);
+            }
+            return None;
+        };
+        let mut increase = prev.increase;
+        for i in 0..n {
+            // A decrease is a counter reset: the increase is the new value.
+            increase[i] += if raw[i] >= prev.raw[i] {
+                raw[i] - prev.raw[i]
+            } else {
+                raw[i]
+            };
+        }
+        let point = Point {
+            timestamp,
+            raw,
+            increase,
+        };
+        self.last = Some(point);
+        let base = if window_ms > 0 {
+            while self
+                .window
+                .front()
+                .is_some_and(|p| p.timestamp < timestamp - window_ms)
+            {
+                self.window.pop_front();
+            }
+            let base = self.window.front().copied();
+            self.window.push_back(point);
+            base?
+        } else {
+            prev
+        };
+        let mut delta = [0.0; MAX_INPUTS];
+        for i in 0..n {
+            delta[i] = point.increase[i] - base.increase[i];
+        }
+        let dt = (timestamp - base.timestamp) as f64 / 1000.0;
+        let value = match def.formula {
+            Formula::Ratio if delta[1] > 0.0 => delta[0] / delta[1],
+            Formula::OnePlusRatio if delta[1] > 0.0 => 1.0 + delta[0] / delta[1],
+            Formula::FlopsUtilisation if dt > 0.0 && self.peak > 0.0 => {
+                delta[0] / dt / self.peak
+            }
+            Formula::BandwidthUtilisation if dt > 0.0 && self.peak > 0.0 => {
+                (delta[0] + delta[1]) / dt / self.peak
+            }
+            _ => return None,
+        };
+        if !value.is_finite() || timestamp <= self.last_emitted {
+            return None;
+        }
+        self.last_emitted = timestamp;
+        Some((timestamp, value.to_bits()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::derive::defs::DEFINITIONS;
+
+    fn def(name: &str) -> &'static Definition {
+        DEFINITIONS.iter().find(|d| d.name == name).unwrap()
+    }
+
+    fn feed(s: &mut SeriesState, d: &Definition, slot: usize, ts: i64, v: f64, w: i64) -> Option<f64> {
+        let mut inc = 0;
+        s.observe(d, slot, ts, v.to_bits(), w, &mut inc)
+            .map(|(t, b)| {
+                assert_eq!(t, ts);
+                f64::from_bits(b)
+            })
+    }
+
+    #[test]
+    fn ratio_pairs_by_timestamp_in_either_order() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        assert_eq!(feed(&mut s, d, 0, 1000, 10.0, 0), None);
+        assert_eq!(feed(&mut s, d, 1, 1000, 100.0, 0), None, "first point");
+        // Denominator first this time.
+        assert_eq!(feed(&mut s, d, 1, 2000, 200.0, 0), None);
+        assert_eq!(feed(&mut s, d, 0, 2000, 40.0, 0), Some(0.3));
+    }
+
+    #[test]
+    fn counter_reset_and_zero_denominator() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        feed(&mut s, d, 0, 1000, 50.0, 0);
+        feed(&mut s, d, 1, 1000, 100.0, 0);
+        // Both reset: increases are the new values.
+        feed(&mut s, d, 0, 2000, 5.0, 0);
+        assert_eq!(feed(&mut s, d, 1, 2000, 20.0, 0), Some(0.25));
+        // No new queries: nothing, never NaN.
+        feed(&mut s, d, 0, 3000, 5.0, 0);
+        assert_eq!(feed(&mut s, d, 1, 3000, 20.0, 0), None);
+    }
+
+    #[test]
+    fn missing_half_is_skipped() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        let mut inc = 0;
+        feed(&mut s, d, 0, 1000, 0.0, 0);
+        feed(&mut s, d, 1, 1000, 0.0, 0);
+        feed(&mut s, d, 0, 2000, 10.0, 0); // denominator of 2000 never comes
+        feed(&mut s, d, 0, 3000, 30.0, 0);
+        let got = s.observe(d, 1, 3000, 60f64.to_bits(), 0, &mut inc);
+        assert_eq!(got, Some((3000, 0.5f64.to_bits())));
+        assert_eq!(inc, 1, "the half point at 2000 is given up");
+    }
+
+    #[test]
+    fn window_uses_oldest_point_within_it() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        let w = 2000;
+        for (ts, h, q) in [(1000, 0.0, 0.0), (2000, 10.0, 10.0), (3000, 10.0, 30.0)] {
+            feed(&mut s, d, 0, ts, h, w);
+            let got = feed(&mut s, d, 1, ts, q, w);
+            if ts == 3000 {
+                // Between 1000 and 3000: 10 / 30.
+                assert_eq!(got, Some(10.0 / 30.0));
+            }
+        }
+        // At 4000 the window [2000, 4000] starts at 2000: (15-10)/(40-10).
+        feed(&mut s, d, 0, 4000, 15.0, w);
+        assert_eq!(feed(&mut s, d, 1, 4000, 40.0, w), Some(5.0 / 30.0));
+    }
+
+    #[test]
+    fn utilisation_uses_elapsed_seconds_and_peak() {
+        let d = def("vllm:mfu_ratio");
+        let mut s = SeriesState::new(0, 1e15, 0);
+        feed(&mut s, d, 0, 0, 0.0, 0);
+        // 15 s, 6e15 FLOP: 4e14 FLOP/s of 1e15.
+        assert_eq!(feed(&mut s, d, 0, 15_000, 6e15, 0), Some(0.4));
+        let d = def("vllm:mbu_ratio");
+        let mut s = SeriesState::new(0, 4e12, 0);
+        feed(&mut s, d, 0, 0, 0.0, 0);
+        feed(&mut s, d, 1, 0, 0.0, 0);
+        feed(&mut s, d, 0, 10_000, 2e13, 0);
+        assert_eq!(feed(&mut s, d, 1, 10_000, 0.0, 0), Some(0.5));
+    }
+
+    #[test]
+    fn stale_input_ends_the_series_once() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        for ts in [1000, 2000] {
+            feed(&mut s, d, 0, ts, ts as f64, 0);
+            feed(&mut s, d, 1, ts, 2.0 * ts as f64, 0);
+        }
+        let mut inc = 0;
+        assert_eq!(
+            s.observe(d, 0, 3000, STALE_NAN_BITS, 0, &mut inc),
+            Some((3000, STALE_NAN_BITS))
+        );
+        assert_eq!(s.observe(d, 1, 3000, STALE_NAN_BITS, 0, &mut inc), None);
+        // Comes back: starts over.
+        feed(&mut s, d, 0, 4000, 1.0, 0);
+        assert_eq!(feed(&mut s, d, 1, 4000, 1.0, 0), None);
+    }
+
+    #[test]
+    fn duplicates_are_ignored() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        feed(&mut s, d, 0, 1000, 1.0, 0);
+        feed(&mut s, d, 1, 1000, 2.0, 0);
+        feed(&mut s, d, 0, 2000, 2.0, 0);
+        assert_eq!(feed(&mut s, d, 1, 2000, 4.0, 0), Some(0.5));
+        // A retried request resends both samples.
+        assert_eq!(feed(&mut s, d, 0, 2000, 2.0, 0), None);
+        assert_eq!(feed(&mut s, d, 1, 2000, 4.0, 0), None);
+    }
+}

@@ -1,0 +1,139 @@
+//! The single ordered writer of derived samples: drains the deriver's queues every
+//! flush interval and sends them as requests of their own, one at a time, so the
+//! samples of a series reach each backend in timestamp order. Retryable failures are
+//! retried with backoff; a rejection (4xx) drops the batch for that backend and counts
+//! it. The sender's own requests never wait for or depend on this.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::sync::Notify;
+
+use super::{Deriver, Emitted};
+use crate::forward::{Forwarder, Outcome, Sink};
+
+/// Samples per derived request, at most.
+const MAX_SAMPLES_PER_REQUEST: usize = 5_000;
+const MAX_ATTEMPTS: u32 = 5;
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+pub struct Writer {
+    deriver: Arc<Deriver>,
+    forwarder: Arc<Forwarder>,
+    batch: Vec<Emitted>,
+    encoded: Vec<u8>,
+    scratch: Vec<u8>,
+    encoder: snap::raw::Encoder,
+    backoff_base: Duration,
+}
+
+impl Writer {
+    pub fn new(deriver: Arc<Deriver>, forwarder: Arc<Forwarder>) -> Self {
+        Writer {
+            deriver,
+            forwarder,
+            batch: Vec::new(),
+            encoded: Vec::new(),
+            scratch: Vec::new(),
+            encoder: snap::raw::Encoder::new(),
+            backoff_base: FIRST_BACKOFF,
+        }
+    }
+
+    /// Runs until `stop` is notified, then flushes once more.
+    pub async fn run(mut self, flush_interval: Duration, stop: Arc<Notify>) {
+        let mut last_sweep = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(flush_interval) => {}
+                _ = stop.notified() => {
+                    self.flush().await;
+                    return;
+                }
+            }
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                self.deriver.sweep();
+                last_sweep = tokio::time::Instant::now();
+            }
+            self.flush().await;
+        }
+    }
+
+    /// Sends everything queued now; returns the number of derived samples taken.
+    pub async fn flush(&mut self) -> usize {
+        self.batch.clear();
+        self.deriver.drain(&mut self.batch);
+        let taken = self.batch.len();
+        if taken == 0 {
+            return 0;
+        }
+        let defs = self.deriver.definitions();
+        let mut per_def = vec![0u64; defs.len()];
+        for e in &self.batch {
+            per_def[e.def as usize] += 1;
+        }
+        for (d, n) in defs.iter().zip(per_def) {
+            if n > 0 {
+                metrics::counter!("promnorm_derived_samples_total", "series" => d.name)
+                    .increment(n);
+            }
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        for chunk in batch.chunks_mut(MAX_SAMPLES_PER_REQUEST) {
+            self.encoded.clear();
+            self.deriver
+                .encode(chunk, &mut self.encoded, &mut self.scratch);
+            let body = match self.encoder.compress_vec(&self.encoded) {
+                Ok(b) => Bytes::from(b),
+                Err(e) => {
+                    tracing::error!(error = %e, "compressing derived samples");
+                    count_dropped("derived_undeliverable", chunk.len());
+                    continue;
+                }
+            };
+            for sink in self.forwarder.sinks() {
+                self.deliver(sink, body.clone(), chunk.len()).await;
+            }
+        }
+        self.batch = batch;
+        taken
+    }
+
+    async fn deliver(&self, sink: &dyn Sink, body: Bytes, samples: usize) {
+        let headers = HeaderMap::new();
+        let mut backoff = self.backoff_base;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let outcome = sink.send(body.clone(), &headers).await;
+            let retryable = match &outcome {
+                Outcome::Delivered => {
+                    metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
+                        .increment(samples as u64);
+                    return;
+                }
+                Outcome::Rejected { status, .. } => {
+                    status.is_server_error() || status.as_u16() == 429
+                }
+                Outcome::Timeout | Outcome::Unreachable(_) => true,
+            };
+            if !retryable {
+                tracing::warn!(backend = sink.name(), ?outcome, samples, "backend rejected derived samples");
+                count_dropped("derived_rejected", samples);
+                return;
+            }
+            if attempt < MAX_ATTEMPTS {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(8));
+            } else {
+                tracing::warn!(backend = sink.name(), ?outcome, samples, "derived samples undeliverable after retries");
+            }
+        }
+        count_dropped("derived_undeliverable", samples);
+    }
+}
+
+fn count_dropped(reason: &'static str, n: usize) {
+    metrics::counter!("promnorm_samples_dropped_total", "reason" => reason).increment(n as u64);
+}
