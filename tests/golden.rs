@@ -67,7 +67,11 @@ fn golden_files() {
                     .and_then(|s| s.parse::<u32>().ok())
                     .unwrap_or(u32::MAX)
             });
-            assert!(scrapes.len() >= 2, "{}: needs 1.prom, 2.prom, ...", path.display());
+            assert!(
+                scrapes.len() >= 2,
+                "{}: needs 1.prom, 2.prom, ...",
+                path.display()
+            );
             let got = run_case(&config, &scrapes);
             check(&path.join("expected.out"), &got, &mut failures);
             multi += 1;
@@ -85,16 +89,16 @@ fn golden_files() {
 /// The value of the first output line named `name` whose labels contain `fragment`.
 fn value_of(out: &str, name: &str, fragment: &str) -> f64 {
     out.lines()
-        .find(|l| {
-            l.split(['{', ' ']).next() == Some(name) && l.contains(fragment)
-        })
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(fragment))
         .and_then(|l| l.rsplit(' ').nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} with {fragment} in output"))
 }
 
 fn names(out: &str) -> std::collections::BTreeSet<&str> {
-    out.lines().filter_map(|l| l.split(['{', ' ']).next()).collect()
+    out.lines()
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect()
 }
 
 /// The SPEC's renames, factors and drops on the families of the real dumps.
@@ -105,16 +109,27 @@ fn real_dumps_get_the_spec_treatment() {
 
     let dcgm = run("dump-dcgm-exporter-datadog-fixture-2931c10.prom");
     let host = r#"hostname="424773df46e0""#;
-    assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_FB_FREE_bytes", host), 15109.0 * 1048576.0);
     assert_eq!(
-        value_of(&dcgm, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_joules_total", host),
+        value_of(&dcgm, "DCGM_FI_DEV_FB_FREE_bytes", host),
+        15109.0 * 1048576.0
+    );
+    assert_eq!(
+        value_of(
+            &dcgm,
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_joules_total",
+            host
+        ),
         128996.013
     );
     assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_SM_CLOCK_hertz", host), 300e6);
     assert_eq!(value_of(&dcgm, "DCGM_FI_DEV_POWER_USAGE", host), 8.969);
     assert!(!dcgm.contains("Hostname="), "Hostname renamed to hostname");
     let n = names(&dcgm);
-    for gone in ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK"] {
+    for gone in [
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_SM_CLOCK",
+    ] {
         assert!(!n.contains(gone), "{gone} left under its old name");
     }
 
@@ -136,8 +151,9 @@ fn real_dumps_get_the_spec_treatment() {
     }
 
     let vllm = run("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom");
-    let input = std::fs::read_to_string(dir.join("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom"))
-        .unwrap();
+    let input =
+        std::fs::read_to_string(dir.join("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom"))
+            .unwrap();
     assert!(input.contains("_created"), "the dump has _created series");
     assert!(!vllm.contains("_created"), "_created series dropped");
     assert!(names(&vllm).contains("vllm:kv_cache_usage_perc"));

@@ -391,7 +391,9 @@ impl Config {
             ));
         }
         if d.window.is_some_and(|w| w.is_zero()) {
-            return Err(ConfigError::Invalid("derived: window must be positive".into()));
+            return Err(ConfigError::Invalid(
+                "derived: window must be positive".into(),
+            ));
         }
         let mut peaks = Vec::new();
         for (i, p) in d.peaks.iter().enumerate() {

@@ -74,7 +74,10 @@ pub const DEFINITIONS: &[Definition] = &[
     },
     ratio(
         "vllm:prompt_tokens_cached_ratio",
-        &["vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total"],
+        &[
+            "vllm:prompt_tokens_cached_total",
+            "vllm:prompt_tokens_total",
+        ],
     ),
     ratio(
         "lmcache_mp_lookup_hit_ratio",

@@ -124,7 +124,8 @@ mod tests {
         assert_eq!(lookup("MI300X").unwrap().flops, 1307.4e12);
         assert!(lookup("A10G").is_none(), "A10G has no published figure");
         let names = known_names();
-        let unique: std::collections::BTreeSet<_> = names.iter().map(|n| n.to_lowercase()).collect();
+        let unique: std::collections::BTreeSet<_> =
+            names.iter().map(|n| n.to_lowercase()).collect();
         assert_eq!(unique.len(), names.len());
     }
 }

@@ -70,7 +70,7 @@ pub struct Emitted {
 
 #[derive(Default)]
 struct Shard {
-    series: AHashMap<Arc<[u8]>, SeriesState>,
+    series: AHashMap<Arc<[u8]>, Box<SeriesState>>,
     queue: Vec<Emitted>,
 }
 
@@ -101,7 +101,7 @@ pub struct Deriver {
     peaks: Vec<Peak>,
     window_ms: i64,
     stale_after_s: u32,
-    shard_limit: usize,
+    max_series: usize,
     shard_queue_limit: usize,
     shards: Box<[Mutex<Shard>]>,
     hasher: ahash::RandomState,
@@ -138,7 +138,7 @@ impl Deriver {
             peaks: settings.peaks.clone(),
             window_ms: settings.window.map_or(0, |w| w.as_millis() as i64),
             stale_after_s: settings.stale_after.as_secs().clamp(1, u32::MAX as u64) as u32,
-            shard_limit: settings.max_series.div_ceil(SHARDS).max(1),
+            max_series: settings.max_series.max(1),
             shard_queue_limit: settings.max_pending_samples.div_ceil(SHARDS).max(1),
             shards,
             hasher: ahash::RandomState::with_seeds(0x5eed, 0xdead, 0xbeef, 0xf00d),
@@ -209,12 +209,12 @@ impl Deriver {
             } else {
                 0.0
             };
-            if shard.series.len() >= self.shard_limit {
+            if self.series_count.load(Ordering::Relaxed) >= self.max_series {
                 self.evict_least_recent(shard);
             }
             shard
                 .series
-                .insert(Arc::from(key), SeriesState::new(di, peak, now_s));
+                .insert(Arc::from(key), Box::new(SeriesState::new(di, peak, now_s)));
             self.series_count.fetch_add(1, Ordering::Relaxed);
         }
         let Some(labels) = shard.series.get_key_value(key).map(|(k, _)| k.clone()) else {
@@ -226,11 +226,18 @@ impl Deriver {
         state.last_seen_s = now_s;
         let mut incomplete = 0;
         for smp in t.samples() {
-            if let Some((ts, bits)) =
-                state.observe(def, slot, smp.timestamp, smp.value_bits, self.window_ms, &mut incomplete)
-            {
+            if let Some((ts, bits)) = state.observe(
+                def,
+                slot,
+                smp.timestamp,
+                smp.value_bits,
+                self.window_ms,
+                &mut incomplete,
+            ) {
                 if shard.queue.len() >= self.shard_queue_limit {
-                    self.counters.backlog_dropped.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .backlog_dropped
+                        .fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 shard.queue.push(Emitted {
@@ -262,7 +269,13 @@ impl Deriver {
                         .any(|(ln, lv)| ln == n.as_bytes() && lv == v.as_bytes())
                 })
             })
-            .find_map(|p| if def.needs_flops() { p.flops } else { p.bandwidth })
+            .find_map(|p| {
+                if def.needs_flops() {
+                    p.flops
+                } else {
+                    p.bandwidth
+                }
+            })
     }
 
     fn evict_least_recent(&self, shard: &mut Shard) {

@@ -7,8 +7,13 @@ use super::defs::{Definition, Formula, MAX_INPUTS};
 use crate::mapping::STALE_NAN_BITS;
 
 /// Timestamps an input may run ahead of another before the oldest half-filled point is
-/// given up. Prometheus' shards can lag each other by a few batches.
-pub const PENDING_POINTS: usize = 4;
+/// given up. Prometheus' shards usually lag each other by a batch or two, but catching up
+/// after an outage they can drift further apart.
+pub const MAX_PENDING_POINTS: usize = 64;
+
+/// Half points kept while the other input has never been seen: enough for a shard that
+/// starts ahead, without growing for an engine version that lacks the other counter.
+const UNSEEN_PENDING_POINTS: usize = 4;
 
 const EMPTY: i64 = i64::MIN;
 
@@ -24,6 +29,73 @@ const NO_PENDING: Pending = Pending {
     values: [0.0; MAX_INPUTS],
     mask: 0,
 };
+
+/// Half-filled points, oldest first. The first lives inline: with inputs in step there
+/// is at most one, and the state of a series then needs no heap of its own.
+#[derive(Debug)]
+struct PendingList {
+    first: Pending,
+    rest: VecDeque<Pending>,
+}
+
+impl Default for PendingList {
+    fn default() -> Self {
+        PendingList {
+            first: NO_PENDING,
+            rest: VecDeque::new(),
+        }
+    }
+}
+
+impl PendingList {
+    fn len(&self) -> usize {
+        usize::from(self.first.timestamp != EMPTY) + self.rest.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&Pending> {
+        match i {
+            _ if i >= self.len() => None,
+            0 => Some(&self.first),
+            _ => self.rest.get(i - 1),
+        }
+    }
+
+    /// Callers pass `i < len()`.
+    fn get_mut(&mut self, i: usize) -> &mut Pending {
+        if i == 0 {
+            &mut self.first
+        } else {
+            &mut self.rest[i - 1]
+        }
+    }
+
+    /// Index of the first point not older than `timestamp`.
+    fn position(&self, timestamp: i64) -> usize {
+        if self.first.timestamp == EMPTY || self.first.timestamp >= timestamp {
+            return 0;
+        }
+        1 + self.rest.partition_point(|p| p.timestamp < timestamp)
+    }
+
+    fn insert(&mut self, i: usize, p: Pending) {
+        if self.first.timestamp == EMPTY {
+            self.first = p;
+        } else if i == 0 {
+            self.rest.push_front(std::mem::replace(&mut self.first, p));
+        } else {
+            self.rest.insert(i - 1, p);
+        }
+    }
+
+    fn pop_front(&mut self) {
+        self.first = self.rest.pop_front().unwrap_or(NO_PENDING);
+    }
+
+    fn clear(&mut self) {
+        self.first = NO_PENDING;
+        self.rest.clear();
+    }
+}
 
 /// A timestamp at which every input had a sample.
 #[derive(Clone, Copy, Debug)]
@@ -43,8 +115,13 @@ pub struct SeriesState {
     pub last_seen_s: u32,
     last_emitted: i64,
     stale: bool,
-    pending: [Pending; PENDING_POINTS],
+    /// Inputs ever seen (bit per slot): while one never showed up (an engine version
+    /// without that counter), few half points are kept.
+    seen: u8,
+    /// Half-filled points, oldest first (allocated only for two-input series that need it).
+    pending: PendingList,
     last: Option<Point>,
+    /// Points within the window (window mode only).
     window: VecDeque<Point>,
 }
 
@@ -56,14 +133,15 @@ impl SeriesState {
             last_seen_s: now_s,
             last_emitted: EMPTY,
             stale: false,
-            pending: [NO_PENDING; PENDING_POINTS],
+            seen: 0,
+            pending: PendingList::default(),
             last: None,
             window: VecDeque::new(),
         }
     }
 
     fn forget(&mut self) {
-        self.pending = [NO_PENDING; PENDING_POINTS];
+        self.pending.clear();
         self.last = None;
         self.window.clear();
     }
@@ -99,48 +177,73 @@ impl SeriesState {
         self.stale = false;
         let n = def.inputs.len();
         let full: u8 = (1u8 << n) - 1;
-        let idx = match self.pending.iter().position(|p| p.timestamp == timestamp) {
-            Some(i) => i,
-            None => {
-                let i = match self.pending.iter().position(|p| p.timestamp == EMPTY) {
-                    Some(i) => i,
-                    None => {
-                        let (oldest, p) = self
-                            .pending
-                            .iter()
-                            .enumerate()
-                            .min_by_key(|(_, p)| p.timestamp)
-                            .map(|(i, p)| (i, *p))
-                            .unwrap_or((0, NO_PENDING));
-                        if timestamp < p.timestamp {
-                            *incomplete += 1;
-                            return None;
-                        }
-                        *incomplete += 1;
-                        oldest
-                    }
-                };
-                self.pending[i] = Pending {
+        if n == 1 {
+            let mut raw = [0.0; MAX_INPUTS];
+            raw[0] = value;
+            return self.complete(def, timestamp, raw, n, window_ms);
+        }
+        self.seen |= 1 << slot;
+        if self.seen != full && self.pending.len() >= UNSEEN_PENDING_POINTS {
+            self.pending.pop_front();
+        }
+        // Oldest first: find the point for this timestamp or where it belongs.
+        let at = self.pending.position(timestamp);
+        if self
+            .pending
+            .get(at)
+            .is_none_or(|p| p.timestamp != timestamp)
+        {
+            if self.pending.len() >= MAX_PENDING_POINTS {
+                if at == 0 {
+                    *incomplete += 1;
+                    return None; // older than everything we still wait for
+                }
+                self.pending.pop_front();
+                *incomplete += 1;
+                self.pending.insert(
+                    at - 1,
+                    Pending {
+                        timestamp,
+                        ..NO_PENDING
+                    },
+                );
+                return self.fill(def, at - 1, slot, value, full, n, window_ms, incomplete);
+            }
+            self.pending.insert(
+                at,
+                Pending {
                     timestamp,
                     ..NO_PENDING
-                };
-                i
-            }
-        };
-        let p = &mut self.pending[idx];
+                },
+            );
+        }
+        self.fill(def, at, slot, value, full, n, window_ms, incomplete)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &mut self,
+        def: &Definition,
+        at: usize,
+        slot: usize,
+        value: f64,
+        full: u8,
+        n: usize,
+        window_ms: i64,
+        incomplete: &mut u32,
+    ) -> Option<(i64, u64)> {
+        let p = self.pending.get_mut(at);
         p.values[slot] = value;
         p.mask |= 1 << slot;
         if p.mask != full {
             return None;
         }
-        let raw = p.values;
-        self.pending[idx] = NO_PENDING;
-        // Earlier half-filled points can never complete now: inputs arrive in order.
-        for q in self.pending.iter_mut() {
-            if q.timestamp != EMPTY && q.timestamp < timestamp {
-                *q = NO_PENDING;
-                *incomplete += 1;
-            }
+        let (timestamp, raw) = (p.timestamp, p.values);
+        // This point and every earlier half-filled one go: inputs arrive in order, so
+        // the earlier ones can never complete now.
+        *incomplete += at as u32;
+        for _ in 0..=at {
+            self.pending.pop_front();
         }
         self.complete(def, timestamp, raw, n, window_ms)
     }
@@ -181,30 +284,32 @@ impl SeriesState {
         };
         self.last = Some(point);
         let base = if window_ms > 0 {
-            while self
-                .window
+            let window = &mut self.window;
+            while window
                 .front()
                 .is_some_and(|p| p.timestamp < timestamp - window_ms)
             {
-                self.window.pop_front();
+                window.pop_front();
             }
-            let base = self.window.front().copied();
-            self.window.push_back(point);
+            let base = window.front().copied();
+            window.push_back(point);
             base?
         } else {
             prev
         };
         let mut delta = [0.0; MAX_INPUTS];
-        for i in 0..n {
-            delta[i] = point.increase[i] - base.increase[i];
+        for (d, (now, then)) in delta
+            .iter_mut()
+            .zip(point.increase.iter().zip(&base.increase))
+            .take(n)
+        {
+            *d = now - then;
         }
         let dt = (timestamp - base.timestamp) as f64 / 1000.0;
         let value = match def.formula {
             Formula::Ratio if delta[1] > 0.0 => delta[0] / delta[1],
             Formula::OnePlusRatio if delta[1] > 0.0 => 1.0 + delta[0] / delta[1],
-            Formula::FlopsUtilisation if dt > 0.0 && self.peak > 0.0 => {
-                delta[0] / dt / self.peak
-            }
+            Formula::FlopsUtilisation if dt > 0.0 && self.peak > 0.0 => delta[0] / dt / self.peak,
             Formula::BandwidthUtilisation if dt > 0.0 && self.peak > 0.0 => {
                 (delta[0] + delta[1]) / dt / self.peak
             }
@@ -227,7 +332,14 @@ mod tests {
         DEFINITIONS.iter().find(|d| d.name == name).unwrap()
     }
 
-    fn feed(s: &mut SeriesState, d: &Definition, slot: usize, ts: i64, v: f64, w: i64) -> Option<f64> {
+    fn feed(
+        s: &mut SeriesState,
+        d: &Definition,
+        slot: usize,
+        ts: i64,
+        v: f64,
+        w: i64,
+    ) -> Option<f64> {
         let mut inc = 0;
         s.observe(d, slot, ts, v.to_bits(), w, &mut inc)
             .map(|(t, b)| {

@@ -119,7 +119,12 @@ impl Writer {
                 Outcome::Timeout | Outcome::Unreachable(_) => true,
             };
             if !retryable {
-                tracing::warn!(backend = sink.name(), ?outcome, samples, "backend rejected derived samples");
+                tracing::warn!(
+                    backend = sink.name(),
+                    ?outcome,
+                    samples,
+                    "backend rejected derived samples"
+                );
                 count_dropped("derived_rejected", samples);
                 return;
             }
@@ -127,7 +132,12 @@ impl Writer {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(8));
             } else {
-                tracing::warn!(backend = sink.name(), ?outcome, samples, "derived samples undeliverable after retries");
+                tracing::warn!(
+                    backend = sink.name(),
+                    ?outcome,
+                    samples,
+                    "derived samples undeliverable after retries"
+                );
             }
         }
         count_dropped("derived_undeliverable", samples);

@@ -276,7 +276,14 @@ impl Mapper {
 
     /// Records a merged output series if the derive stage wants it; `samples` are the
     /// samples just written for it.
-    fn tap_merged(&mut self, taps: &TapSet, buf: &[u8], labels: Range32, samples: Range32, gathered: bool) {
+    fn tap_merged(
+        &mut self,
+        taps: &TapSet,
+        buf: &[u8],
+        labels: Range32,
+        samples: Range32,
+        gathered: bool,
+    ) {
         let out_labels = &self.out_labels[labels.usize()];
         let Some(name) = out_labels
             .iter()

@@ -99,7 +99,11 @@ impl AppState {
     }
 
     /// Flushes derived samples a last time and waits (bounded) for the writer to end.
-    pub async fn stop_background(&self, handle: Option<tokio::task::JoinHandle<()>>, within: Duration) {
+    pub async fn stop_background(
+        &self,
+        handle: Option<tokio::task::JoinHandle<()>>,
+        within: Duration,
+    ) {
         if let Some(h) = handle {
             self.derived_stop.notify_one();
             if tokio::time::timeout(within, h).await.is_err() {

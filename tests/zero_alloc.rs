@@ -1,0 +1,233 @@
+//! Allocation accounting with a counting global allocator (counts per thread, so tests
+//! running in parallel do not disturb each other).
+//!
+//! - `zero_alloc_pipeline`: the full pipeline (snappy decode → protobuf → all built-in
+//!   packs → derived series → encode → snappy encode) on the 2,000-series requests of
+//!   `shared/tools/bench/gen_payloads.py` allocates nothing once warm. Run:
+//!   `cargo test --release zero_alloc -- --nocapture`.
+//! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use promnorm::config::Config;
+use promnorm::derive::{DeriveSettings, Deriver, Emitted};
+use promnorm::mapping::Rules;
+use promnorm::pipeline::{Pipeline, PipelineLimits};
+use promnorm::wire::proto::prometheus as pb;
+use prost::Message;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static LIVE_BYTES: Cell<i64> = const { Cell::new(0) };
+}
+
+fn note(allocs: u64, bytes: i64) {
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + allocs));
+    let _ = LIVE_BYTES.try_with(|c| c.set(c.get() + bytes));
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(1, layout.size() as i64);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(1, layout.size() as i64);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(1, new_size as i64 - layout.size() as i64);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note(0, -(layout.size() as i64));
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+fn live_bytes() -> i64 {
+    LIVE_BYTES.with(Cell::get)
+}
+
+/// The request bodies of gen_payloads.py: `PROMNORM_PAYLOAD_DIR`, else the tool's default
+/// folder. `None` when there are none (then `PROMNORM_REQUIRE_PAYLOADS=1` fails the test).
+fn payloads() -> Option<Vec<Vec<u8>>> {
+    let dir = std::env::var_os("PROMNORM_PAYLOAD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/prw-payloads/default"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pb.sz"))
+        .collect();
+    files.sort();
+    let bodies: Vec<Vec<u8>> = files.iter().filter_map(|f| std::fs::read(f).ok()).collect();
+    (!bodies.is_empty()).then_some(bodies)
+}
+
+#[test]
+fn zero_alloc_pipeline() {
+    let Some(bodies) = payloads() else {
+        assert!(
+            std::env::var("PROMNORM_REQUIRE_PAYLOADS").as_deref() != Ok("1"),
+            "no payloads: run /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --count 100"
+        );
+        eprintln!("zero_alloc_pipeline skipped: no payloads (see the file header)");
+        return;
+    };
+    assert!(
+        bodies.len() >= 60,
+        "need at least 60 requests (4 rounds of the fleet)"
+    );
+    let mut cfg = Config::embedded_default();
+    cfg.derived.peaks = vec![promnorm::config::PeakConfig {
+        matchers: Default::default(),
+        gpu: Some("H100-SXM".into()),
+        flops: None,
+        bandwidth: None,
+    }];
+    let pipeline = cfg.pipeline().expect("default configuration");
+    let deriver = pipeline.deriver().expect("derived series on").clone();
+    let mut ws = pipeline.take_workspace();
+    let mut drained: Vec<Emitted> = Vec::new();
+    let (mut encoded, mut scratch) = (Vec::new(), Vec::new());
+    // Returns (samples, derived samples, allocations).
+    let mut run = |bodies: &[Vec<u8>]| {
+        let (mut samples, mut derived, mut count) = (0u64, 0usize, 0u64);
+        for b in bodies {
+            let before = allocations();
+            let p = pipeline.process(&mut ws, b).expect("valid payload");
+            drained.clear();
+            deriver.drain(&mut drained);
+            encoded.clear();
+            deriver.encode(&mut drained, &mut encoded, &mut scratch);
+            derived += drained.len();
+            count += allocations() - before;
+            samples += (p.samples_in + p.histograms_in) as u64;
+        }
+        (samples, derived, count)
+    };
+    // Warm: the first half covers the whole fleet at least twice (names, plans, state).
+    let half = bodies.len() / 2;
+    let (_, _, warm_allocs) = run(&bodies[..half]);
+    let (samples, derived_measured, allocs) = run(&bodies[half..]);
+    assert!(samples > 0);
+    assert!(
+        derived_measured > 0,
+        "the measured requests produced derived samples"
+    );
+    let per_sample = allocs as f64 / samples as f64;
+    println!("allocations per sample: {per_sample}");
+    eprintln!(
+        "zero_alloc_pipeline: {} warm requests ({warm_allocs} allocations), {} measured requests: {samples} samples, {derived_measured} derived samples, {allocs} allocations",
+        half,
+        bodies.len() - half
+    );
+    assert_eq!(allocs, 0, "the warm pipeline allocated");
+}
+
+/// Heap held per derived series: 1,000,000 series (a vLLM engine each, with the labels
+/// Prometheus adds) fed two scrapes of the prefix-cache counters.
+#[test]
+fn derived_state_bytes_per_series() {
+    let series: usize = if cfg!(debug_assertions) {
+        50_000
+    } else {
+        1_000_000
+    };
+    const PER_REQUEST: usize = 2_000;
+    let settings = DeriveSettings {
+        max_series: series,
+        ..DeriveSettings::default()
+    };
+    let before = live_bytes();
+    let deriver = Arc::new(Deriver::new(&settings));
+    let pipeline = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default())
+        .with_deriver(deriver.clone());
+    let mut ws = pipeline.take_workspace();
+    let mut drained = Vec::new();
+    let mut emitted = 0;
+    for scrape in 0..2i64 {
+        for chunk in 0..series.div_ceil(PER_REQUEST) {
+            let mut req = pb::WriteRequest::default();
+            for e in chunk * PER_REQUEST..((chunk + 1) * PER_REQUEST).min(series) {
+                let node = format!("10.{}.{}.{}:8000", e >> 16, (e >> 8) & 255, e & 255);
+                for (name, v) in [
+                    ("vllm:prefix_cache_hits_total", 10 * scrape),
+                    ("vllm:prefix_cache_queries_total", 40 * scrape),
+                ] {
+                    let mut labels = vec![
+                        pb::Label {
+                            name: "__name__".into(),
+                            value: name.into(),
+                        },
+                        pb::Label {
+                            name: "engine".into(),
+                            value: "0".into(),
+                        },
+                        pb::Label {
+                            name: "instance".into(),
+                            value: node.clone(),
+                        },
+                        pb::Label {
+                            name: "job".into(),
+                            value: "vllm".into(),
+                        },
+                        pb::Label {
+                            name: "model_name".into(),
+                            value: "meta-llama/Llama-3.1-70B-Instruct".into(),
+                        },
+                    ];
+                    labels.sort_by(|a, b| a.name.cmp(&b.name));
+                    req.timeseries.push(pb::TimeSeries {
+                        labels,
+                        samples: vec![pb::Sample {
+                            value: v as f64,
+                            timestamp: 1_700_000_000_000 + scrape * 15_000,
+                        }],
+                        ..Default::default()
+                    });
+                }
+            }
+            pipeline
+                .process_raw(&mut ws, &req.encode_to_vec())
+                .expect("valid request");
+            drained.clear();
+            deriver.drain(&mut drained);
+            emitted += drained.len();
+        }
+    }
+    assert_eq!(deriver.series_count(), series);
+    assert_eq!(
+        emitted, series,
+        "one derived sample per series at the second scrape"
+    );
+    pipeline.return_workspace(ws);
+    drop(pipeline);
+    drop(drained);
+    let with_state = live_bytes();
+    drop(deriver);
+    let without = live_bytes();
+    let per_series = (with_state - without) as f64 / series as f64;
+    println!(
+        "derived state: {series} series hold {} bytes: {per_series:.0} bytes per series (baseline {} bytes)",
+        with_state - without,
+        without - before
+    );
+    assert!(
+        per_series < 512.0,
+        "state per series over the documented bound of 512 bytes"
+    );
+}
