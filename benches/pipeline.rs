@@ -1,63 +1,195 @@
-//! Criterion benches of the pipeline on payloads from `shared/tools/bench/gen_payloads.py`
-//! (2,000-series requests, the shape Prometheus sends with max_samples_per_send: 2000).
-//! Generate them first: `/usr/bin/python3 ../shared/tools/bench/gen_payloads.py`
-//! (writes /tmp/prw-payloads/default); `PAYLOAD_DIR` overrides the folder.
+//! Criterion benches of every pipeline stage and of the whole pipeline, on payloads from
+//! `shared/tools/bench/gen_payloads.py`: 2,000-series requests (the shape Prometheus sends
+//! with max_samples_per_send: 2000) and 10,000-series requests (`--mode large`).
+//!
+//! Generate them first:
+//!   /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --count 100
+//!   /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --mode large --count 30
+//! (folders /tmp/prw-payloads/{default,large}; `PAYLOAD_DIR` / `PAYLOAD_DIR_LARGE`
+//! override). Throughput is in samples; BENCHMARKS.md converts to bytes/s.
+//!
+//! Stages: `snappy_decode`, `protobuf_decode`, `map_encode_passthrough` (re-encoding with
+//! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
+//! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use promnorm::config::Config;
-use promnorm::mapping::Rules;
-use promnorm::pipeline::{Pipeline, PipelineLimits};
+use promnorm::config::{Config, PeakConfig};
+use promnorm::derive::{DeriveScratch, Emitted};
+use promnorm::mapping::{MapContext, Mapper, Rules};
+use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
-fn payloads() -> Vec<Vec<u8>> {
-    let dir = std::env::var_os("PAYLOAD_DIR")
+fn payloads(var: &str, default: &str, limit: usize) -> Vec<Vec<u8>> {
+    let dir = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/prw-payloads/default"));
+        .unwrap_or_else(|| PathBuf::from(default));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     files.retain(|p| p.to_string_lossy().ends_with(".pb.sz"));
     files.sort();
-    files.truncate(10);
+    files.truncate(limit);
     files.iter().filter_map(|f| std::fs::read(f).ok()).collect()
 }
 
-fn bench(c: &mut Criterion) {
-    let bodies = payloads();
+fn decompress(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut d = snap::raw::Decoder::new();
+    bodies
+        .iter()
+        .map(|b| d.decompress_vec(b).expect("valid snappy"))
+        .collect()
+}
+
+fn config() -> Config {
+    let mut cfg = Config::embedded_default();
+    cfg.derived.peaks = vec![PeakConfig {
+        matchers: Default::default(),
+        gpu: Some("H100-SXM".into()),
+        flops: None,
+        bandwidth: None,
+    }];
+    cfg
+}
+
+fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
     if bodies.is_empty() {
-        eprintln!("no payloads found: run gen_payloads.py first (see the file header)");
+        eprintln!("no {label} payloads: run gen_payloads.py first (see the file header)");
         return;
     }
-    let samples: u64 = {
-        let p = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
-        let mut ws = p.take_workspace();
-        p.process(&mut ws, &bodies[0])
-            .map(|r| r.samples_in as u64)
-            .unwrap_or(0)
+    let raws = decompress(bodies);
+    let limits = DecodeLimits {
+        max_series: 1_000_000,
     };
-    let all_packs = Config::embedded_default()
-        .compile_rules()
-        .expect("built-in packs compile");
-    let mut g = c.benchmark_group("pipeline_2000_series");
+    let samples = {
+        let mut d = DecodedRequest::default();
+        d.decode(&raws[0], limits).expect("valid payload");
+        d.sample_count() as u64
+    };
+    let all_packs = Arc::new(config().compile_rules().expect("built-in packs compile"));
+    let empty = Arc::new(Rules::empty());
+    let no_taps = MapContext::default();
+    let mut g = c.benchmark_group(format!("stages_{label}"));
     g.throughput(Throughput::Elements(samples));
-    for (name, rules) in [("passthrough", Rules::empty()), ("all_packs", all_packs)] {
-        let p = Pipeline::new(Arc::new(rules), PipelineLimits::default());
-        let mut ws = p.take_workspace();
-        let mut i = 0;
-        g.bench_with_input(
-            BenchmarkId::new("decode_map_encode", name),
-            &bodies,
-            |b, bodies| {
-                b.iter(|| {
-                    i = (i + 1) % bodies.len();
-                    p.process(&mut ws, &bodies[i]).expect("valid payload")
-                })
+
+    let mut i = 0;
+    let mut next = |n: usize| {
+        i = (i + 1) % n;
+        i
+    };
+
+    let mut decoder = snap::raw::Decoder::new();
+    let mut buf = Vec::new();
+    g.bench_function("snappy_decode", |b| {
+        b.iter(|| {
+            let k = next(bodies.len());
+            snappy::decompress_into(&mut decoder, &bodies[k], 1 << 30, &mut buf).expect("valid")
+        })
+    });
+
+    let mut decoded = DecodedRequest::default();
+    g.bench_function("protobuf_decode", |b| {
+        b.iter(|| {
+            let k = next(raws.len());
+            decoded.decode(&raws[k], limits).expect("valid");
+        })
+    });
+
+    // Mapping needs the decoded view of the same buffer: decode all requests up front.
+    let views: Vec<DecodedRequest> = raws
+        .iter()
+        .map(|r| {
+            let mut d = DecodedRequest::default();
+            d.decode(r, limits).expect("valid");
+            d
+        })
+        .collect();
+    let mut mapper = Mapper::new();
+    let mut out = Vec::new();
+    for (name, rules) in [
+        ("map_encode_passthrough", &empty),
+        ("map_encode_all_packs", &all_packs),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let k = next(raws.len());
+                out.clear();
+                mapper.map_request(rules, &raws[k], &views[k], &mut out, &no_taps);
+            })
+        });
+    }
+
+    // Derive: the mapper's taps of each request, fed to a warm deriver.
+    let pipeline = config().pipeline().expect("valid configuration");
+    let deriver = pipeline.deriver().expect("derived on").clone();
+    let mut scratch = DeriveScratch::default();
+    let mut drained: Vec<Emitted> = Vec::new();
+    let mut mappers: Vec<Mapper> = Vec::new();
+    for (k, raw) in raws.iter().enumerate() {
+        let mut m = Mapper::new();
+        out.clear();
+        m.map_request(
+            &all_packs,
+            raw,
+            &views[k],
+            &mut out,
+            &MapContext {
+                taps: Some(deriver.taps()),
+                counters: None,
             },
         );
+        mappers.push(m);
     }
+    g.bench_function("derive", |b| {
+        b.iter(|| {
+            let k = next(raws.len());
+            deriver.observe(&mappers[k], &raws[k], &mut scratch);
+            drained.clear();
+            deriver.drain(&mut drained);
+        })
+    });
+
+    let encoded: Vec<Vec<u8>> = raws
+        .iter()
+        .enumerate()
+        .map(|(k, raw)| {
+            let mut o = Vec::new();
+            mapper.map_request(&all_packs, raw, &views[k], &mut o, &no_taps);
+            o
+        })
+        .collect();
+    let mut encoder = snap::raw::Encoder::new();
+    let mut compressed = Vec::new();
+    g.bench_function("snappy_compress", |b| {
+        b.iter(|| {
+            let k = next(encoded.len());
+            snappy::compress_into(&mut encoder, &encoded[k], &mut compressed)
+        })
+    });
+
+    let mut ws = pipeline.take_workspace();
+    g.bench_with_input(
+        BenchmarkId::new("end_to_end", "all_packs_derived"),
+        bodies,
+        |b, bodies| {
+            b.iter(|| {
+                let k = next(bodies.len());
+                let p = pipeline.process(&mut ws, &bodies[k]).expect("valid");
+                drained.clear();
+                deriver.drain(&mut drained);
+                p
+            })
+        },
+    );
     g.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    let default = payloads("PAYLOAD_DIR", "/tmp/prw-payloads/default", 100);
+    bench_size(c, "2000_series", &default);
+    let large = payloads("PAYLOAD_DIR_LARGE", "/tmp/prw-payloads/large", 30);
+    bench_size(c, "10000_series", &large);
 }
 
 criterion_group!(benches, bench);

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::derive::{DeriveScratch, Deriver};
-use crate::mapping::{MapStats, Mapper, Rules, TapSet};
+use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapper, Rules};
 use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +65,7 @@ pub struct Processed {
 pub struct Pipeline {
     rules: Arc<Rules>,
     deriver: Option<Arc<Deriver>>,
-    no_taps: TapSet,
+    counters: Option<Arc<CounterFamilies>>,
     limits: PipelineLimits,
     #[allow(clippy::vec_box)] // workspaces move in and out of the pool as one pointer
     pool: Mutex<Vec<Box<Workspace>>>,
@@ -76,7 +76,7 @@ impl Pipeline {
         Pipeline {
             rules,
             deriver: None,
-            no_taps: TapSet::default(),
+            counters: None,
             limits,
             pool: Mutex::new(Vec::new()),
         }
@@ -86,6 +86,17 @@ impl Pipeline {
     pub fn with_deriver(mut self, deriver: Arc<Deriver>) -> Self {
         self.deriver = Some(deriver);
         self
+    }
+
+    /// Turns on the metadata `_total` fix: COUNTER families no pack knows get `_total`.
+    pub fn with_metadata_total_fix(mut self) -> Self {
+        self.counters = Some(Arc::new(CounterFamilies::default()));
+        self
+    }
+
+    /// Counter families learnt from metadata, when the metadata `_total` fix is on.
+    pub fn counter_families(&self) -> Option<&CounterFamilies> {
+        self.counters.as_deref()
     }
 
     pub fn rules(&self) -> &Rules {
@@ -137,9 +148,12 @@ impl Pipeline {
             },
         )?;
         ws.encoded.clear();
-        let taps = self.deriver.as_ref().map_or(&self.no_taps, |d| d.taps());
+        let ctx = MapContext {
+            taps: self.deriver.as_ref().map(|d| d.taps()),
+            counters: self.counters.as_deref(),
+        };
         ws.mapper
-            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded, taps);
+            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded, &ctx);
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }

@@ -107,6 +107,10 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
     if stats.collisions > 0 {
         metrics::counter!("promnorm_series_collisions_total").increment(stats.collisions);
     }
+    if stats.metadata_total_fixes > 0 {
+        metrics::counter!("promnorm_series_renamed_total", "pack" => "metadata_total_fix")
+            .increment(stats.metadata_total_fixes);
+    }
     if stats.native_unscaled > 0 {
         metrics::counter!("promnorm_native_histograms_unscaled_total")
             .increment(stats.native_unscaled);

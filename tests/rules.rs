@@ -396,3 +396,68 @@ fn user_mapping_files_and_conflicts() {
     assert!(err.contains("c.yaml:4:"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn counter_metadata(family: &str) -> pb::MetricMetadata {
+    pb::MetricMetadata {
+        r#type: pb::metric_metadata::MetricType::Counter as i32,
+        metric_family_name: family.into(),
+        help: "h".into(),
+        unit: String::new(),
+    }
+}
+
+#[test]
+fn counter_metadata_gives_unknown_families_total_across_requests() {
+    let cfg = Config::parse("listen: 127.0.0.1:0\nmetadata_total_fix: true\n", "t.yaml").unwrap();
+    let p = cfg.pipeline().unwrap();
+    let samples = |ts| pb::WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", "acme_requests"), ("job", "x")], &[(5.0, ts)]),
+            series(
+                &[("__name__", "acme_temperature"), ("job", "x")],
+                &[(20.0, ts)],
+            ),
+            // A family a pack knows is left to the pack (Mooncake adds its own _total).
+            series(
+                &[("__name__", "mooncake_transfer_read_bytes"), ("job", "x")],
+                &[(1.0, ts)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    // Before any metadata: unknown families pass unchanged.
+    let out = run(&p, &samples(1000));
+    assert_eq!(find(&out, "acme_requests").len(), 1);
+    // Prometheus sends metadata in requests of its own.
+    let md = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![
+            counter_metadata("acme_requests"),
+            pb::MetricMetadata {
+                r#type: pb::metric_metadata::MetricType::Gauge as i32,
+                ..counter_metadata("acme_temperature")
+            },
+            counter_metadata("mooncake_transfer_read_bytes"),
+        ],
+    };
+    let out = run(&p, &md);
+    assert_eq!(out.metadata.len(), 3, "metadata itself forwarded");
+    assert_eq!(
+        p.counter_families().unwrap().len(),
+        1,
+        "only the unknown counter learnt"
+    );
+    let out = run(&p, &samples(2000));
+    let fixed = find(&out, "acme_requests_total");
+    assert_eq!(fixed.len(), 1, "{out:?}");
+    assert_eq!(fixed[0].samples[0].value, 5.0);
+    assert!(find(&out, "acme_requests").is_empty());
+    assert_eq!(find(&out, "acme_temperature").len(), 1, "gauges untouched");
+    assert_eq!(find(&out, "mooncake_transfer_read_bytes_total").len(), 1);
+
+    // Off by default: the same metadata changes nothing.
+    let p = pipeline("");
+    run(&p, &md);
+    assert!(p.counter_families().is_none());
+    assert_eq!(find(&run(&p, &samples(3000)), "acme_requests").len(), 1);
+}

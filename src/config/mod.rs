@@ -62,6 +62,10 @@ pub struct Config {
     pub keep_original: bool,
     #[serde(default = "yes")]
     pub drop_created_series: bool,
+    /// Give `_total` to series of families that metadata says are counters and that no
+    /// pack knows (learnt across requests; names change once the metadata arrives).
+    #[serde(default)]
+    pub metadata_total_fix: bool,
     #[serde(default)]
     pub ingest_auth: Option<IngestAuth>,
     #[serde(default = "default_shutdown", deserialize_with = "de_duration")]
@@ -443,7 +447,11 @@ impl Config {
 
     /// The pipeline this configuration describes: compiled packs plus derived series.
     pub fn pipeline(&self) -> Result<crate::pipeline::Pipeline, ConfigError> {
-        let rules = self.compile_rules()?;
+        self.pipeline_with(self.compile_rules()?)
+    }
+
+    /// The pipeline around already compiled rules.
+    pub fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, ConfigError> {
         let mut p = crate::pipeline::Pipeline::new(
             std::sync::Arc::new(rules),
             crate::pipeline::PipelineLimits {
@@ -453,6 +461,9 @@ impl Config {
         );
         if let Some(settings) = self.derive_settings()? {
             p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+        }
+        if self.metadata_total_fix {
+            p = p.with_metadata_total_fix();
         }
         Ok(p)
     }

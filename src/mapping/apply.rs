@@ -7,11 +7,12 @@
 //! nothing per sample.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ahash::{AHashMap, AHashSet};
 
-use super::compile::{Action, Plan, Resolution, Rules, ScaleTarget};
+use super::compile::{Action, Plan, Resolution, Rules, ScaleTarget, Step};
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
 use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span};
 use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, write_raw_series};
@@ -21,6 +22,8 @@ pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
 
 const NONE: u32 = u32::MAX;
 const PLAN_CACHE_LIMIT: usize = 100_000;
+/// The "pack" of steps that are not from a pack (the metadata `_total` fix).
+const METADATA_FIX_PACK: u16 = u16::MAX;
 
 #[derive(Clone, Copy, Debug)]
 enum Str {
@@ -68,6 +71,8 @@ pub struct MapStats {
     pub rescaled: Vec<u64>,
     pub collisions: u64,
     pub native_unscaled: u64,
+    /// Series given `_total` because their family's metadata says COUNTER.
+    pub metadata_total_fixes: u64,
     pub series_out: u64,
     pub samples_out: u64,
     pub histograms_out: u64,
@@ -84,6 +89,7 @@ impl MapStats {
         self.rescaled.resize(packs, 0);
         self.collisions = 0;
         self.native_unscaled = 0;
+        self.metadata_total_fixes = 0;
         self.series_out = 0;
         self.samples_out = 0;
         self.histograms_out = 0;
@@ -119,6 +125,56 @@ impl TapSet {
     pub fn contains(&self, name: &[u8]) -> bool {
         self.names.contains(name)
     }
+}
+
+/// Counter families learnt from `MetricMetadata` (type COUNTER, no `_total`, unknown to
+/// every pack): their series get `_total` (SPEC 2.2). Shared by all workers; a mapper
+/// works on a snapshot it refreshes when the version moves, so the hot path takes no lock.
+#[derive(Debug, Default)]
+pub struct CounterFamilies {
+    set: Mutex<Arc<AHashSet<Box<str>>>>,
+    version: AtomicU64,
+}
+
+impl CounterFamilies {
+    /// Families remembered at most (metadata of unbounded cardinality cannot grow it).
+    pub const LIMIT: usize = 100_000;
+
+    pub fn len(&self) -> usize {
+        self.set.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn learn(&self, names: &mut Vec<Box<str>>) {
+        let Ok(mut guard) = self.set.lock() else {
+            return;
+        };
+        let mut next = (**guard).clone();
+        for n in names.drain(..) {
+            if next.len() < Self::LIMIT {
+                next.insert(n);
+            }
+        }
+        *guard = Arc::new(next);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    fn snapshot(&self) -> Option<(u64, Arc<AHashSet<Box<str>>>)> {
+        let guard = self.set.lock().ok()?;
+        Some((self.version.load(Ordering::Acquire), guard.clone()))
+    }
+}
+
+/// What the mapping stage needs besides the rules.
+#[derive(Clone, Copy, Default)]
+pub struct MapContext<'a> {
+    /// Output names to record for the derive stage.
+    pub taps: Option<&'a TapSet>,
+    /// Counter families learnt from metadata (the metadata `_total` fix), when enabled.
+    pub counters: Option<&'a CounterFamilies>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -178,6 +234,10 @@ pub struct Mapper {
     taps: Vec<Tapped>,
     tap_labels: Vec<(Str, Str)>,
     tap_samples: Vec<SampleView>,
+    counters_seen: Arc<AHashSet<Box<str>>>,
+    counters_version: u64,
+    total_fix_plans: AHashMap<Box<str>, Arc<Plan>>,
+    learnt: Vec<Box<str>>,
     pub stats: MapStats,
 }
 
@@ -211,9 +271,18 @@ impl Mapper {
         buf: &[u8],
         req: &DecodedRequest,
         out: &mut Vec<u8>,
-        taps: &TapSet,
+        ctx: &MapContext<'_>,
     ) {
         self.reset(rules);
+        let no_taps = TapSet::default();
+        let taps = ctx.taps.unwrap_or(&no_taps);
+        if let Some(cf) = ctx.counters
+            && cf.version.load(Ordering::Acquire) != self.counters_version
+            && let Some((v, snap)) = cf.snapshot()
+        {
+            self.counters_version = v;
+            self.counters_seen = snap;
+        }
         for s in &req.series {
             let name = s.name.str(buf);
             let resolution = self.resolve(rules, name);
@@ -239,7 +308,12 @@ impl Mapper {
             }
         }
         self.encode_merged(buf, req, out, taps);
-        self.map_metadata(rules, buf, req, out);
+        self.map_metadata(rules, buf, req, out, ctx.counters.is_some());
+        if let Some(cf) = ctx.counters
+            && !self.learnt.is_empty()
+        {
+            cf.learn(&mut self.learnt);
+        }
     }
 
     /// The output series recorded for the derive stage by the last [`Mapper::map_request`].
@@ -330,18 +404,48 @@ impl Mapper {
             Some(Resolution::OutputName) => return Some(Resolved::OutputName),
             None => {}
         }
-        if !rules.needs_pattern_lookup() {
+        if rules.needs_pattern_lookup() {
+            let plan = match self.plan_cache.get(name) {
+                Some(cached) => cached.clone(),
+                None => {
+                    if self.plan_cache.len() >= PLAN_CACHE_LIMIT {
+                        self.plan_cache.clear();
+                    }
+                    let plan = rules.plan_for(name).map(Arc::new);
+                    self.plan_cache.insert(name.into(), plan.clone());
+                    plan
+                }
+            };
+            if plan.is_some() {
+                return plan.map(Resolved::Plan);
+            }
+        }
+        self.total_fix(name)
+    }
+
+    /// The metadata `_total` fix: a series named exactly like a learnt counter family.
+    fn total_fix(&mut self, name: &str) -> Option<Resolved> {
+        if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
             return None;
         }
-        if let Some(cached) = self.plan_cache.get(name) {
-            return cached.clone().map(Resolved::Plan);
+        if let Some(p) = self.total_fix_plans.get(name) {
+            return Some(Resolved::Plan(p.clone()));
         }
-        if self.plan_cache.len() >= PLAN_CACHE_LIMIT {
-            self.plan_cache.clear();
+        let plan = Arc::new(Plan {
+            steps: vec![Step {
+                when: Vec::new(),
+                action: Action::SetName(format!("{name}_total").into()),
+                pack: METADATA_FIX_PACK,
+            }],
+            keep_original: false,
+            rescales: false,
+            trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
+        });
+        if self.total_fix_plans.len() >= PLAN_CACHE_LIMIT {
+            self.total_fix_plans.clear();
         }
-        let plan = rules.plan_for(name).map(Arc::new);
-        self.plan_cache.insert(name.into(), plan.clone());
-        plan.map(Resolved::Plan)
+        self.total_fix_plans.insert(name.into(), plan.clone());
+        Some(Resolved::Plan(plan))
     }
 
     #[inline]
@@ -475,7 +579,9 @@ impl Mapper {
                 }
             }
         }
-        if let Some(p) = renamed_by
+        if renamed_by == Some(METADATA_FIX_PACK) {
+            self.stats.metadata_total_fixes += 1;
+        } else if let Some(p) = renamed_by
             && let Some(c) = self.stats.renamed.get_mut(p as usize)
         {
             *c += 1;
@@ -776,7 +882,14 @@ impl Mapper {
         self.stats.histograms_out += self.gather_hist.len() as u64;
     }
 
-    fn map_metadata(&mut self, rules: &Rules, buf: &[u8], req: &DecodedRequest, out: &mut Vec<u8>) {
+    fn map_metadata(
+        &mut self,
+        rules: &Rules,
+        buf: &[u8],
+        req: &DecodedRequest,
+        out: &mut Vec<u8>,
+        learn_counters: bool,
+    ) {
         for md in &req.metadata {
             let family = md.family.str(buf);
             let target = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
@@ -793,6 +906,16 @@ impl Mapper {
                 self.meta_cache.insert(family.into(), t.clone());
                 t
             };
+            // COUNTER (1) families no pack knows, written without `_total`: learn them.
+            if learn_counters
+                && target.is_none()
+                && md.metric_type == 1
+                && !family.ends_with("_total")
+                && !self.counters_seen.contains(family)
+                && !self.learnt.iter().any(|n| &**n == family)
+            {
+                self.learnt.push(family.into());
+            }
             let name: &[u8] = match &target {
                 Some((_, _, true)) => continue,
                 Some((n, _, _)) => n.as_bytes(),

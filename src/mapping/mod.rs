@@ -6,6 +6,8 @@ pub mod compile;
 pub mod number;
 pub mod spec;
 
-pub use apply::{MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries};
+pub use apply::{
+    CounterFamilies, MapContext, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
+};
 pub use compile::{CompileError, GlobalOptions, PackOptions, Rules};
 pub use spec::PackSpec;

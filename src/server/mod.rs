@@ -18,10 +18,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigError};
-use crate::derive::Deriver;
 use crate::derive::writer::Writer;
 use crate::forward::{Forwarder, HttpBackend, Outcome, Sink, verdict};
-use crate::pipeline::{Pipeline, PipelineLimits};
+use crate::pipeline::Pipeline;
 use crate::telemetry;
 
 pub struct AppState {
@@ -64,16 +63,7 @@ impl AppState {
             .as_ref()
             .map(|a| a.bearer_token.read())
             .transpose()?;
-        let mut pipeline = Pipeline::new(
-            Arc::new(rules),
-            PipelineLimits {
-                max_decoded_bytes: cfg.limits.max_decoded_bytes,
-                max_series: cfg.limits.max_series_per_request,
-            },
-        );
-        if let Some(settings) = cfg.derive_settings()? {
-            pipeline = pipeline.with_deriver(Arc::new(Deriver::new(&settings)));
-        }
+        let pipeline = cfg.pipeline_with(rules)?;
         Ok(AppState {
             pipeline,
             forwarder: Arc::new(forwarder),

@@ -338,12 +338,38 @@ impl DecodedRequest {
 
 #[inline]
 fn utf8(buf: &[u8], s: usize, e: usize) -> Result<(), DecodeError> {
-    std::str::from_utf8(&buf[s..e])
+    let bytes = &buf[s..e];
+    // Label names and values are almost always ASCII: a word-wise check, no call.
+    if bytes.is_ascii() {
+        return Ok(());
+    }
+    std::str::from_utf8(bytes)
         .map(|_| ())
         .map_err(|_| DecodeError::InvalidUtf8)
 }
 
+/// Decodes a `Label`. The shape every sender writes (name then value, each shorter than
+/// 128 bytes, ASCII) is read directly; anything else takes the general path.
+#[inline(always)]
 fn decode_label(buf: &[u8], start: usize, end: usize) -> Result<LabelSpan, DecodeError> {
+    let b = &buf[start..end];
+    if b.len() >= 4 && b[0] == 0x0a && b[1] < 0x80 {
+        let name_end = 2 + b[1] as usize;
+        if name_end + 2 <= b.len() && b[name_end] == 0x12 && b[name_end + 1] < 0x80 {
+            let value_end = name_end + 2 + b[name_end + 1] as usize;
+            if value_end == b.len() && b.is_ascii() {
+                return Ok(LabelSpan {
+                    name: Span::new(start + 2, start + name_end),
+                    value: Span::new(start + name_end + 2, end),
+                });
+            }
+        }
+    }
+    decode_label_general(buf, start, end)
+}
+
+#[inline(never)]
+fn decode_label_general(buf: &[u8], start: usize, end: usize) -> Result<LabelSpan, DecodeError> {
     let mut name = Span::new(start, start);
     let mut value = Span::new(start, start);
     let mut r = Reader::new(buf, start, end);
@@ -366,6 +392,7 @@ fn decode_label(buf: &[u8], start: usize, end: usize) -> Result<LabelSpan, Decod
     Ok(LabelSpan { name, value })
 }
 
+#[inline]
 fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
     let mut value_bits = 0u64;
     let mut timestamp = 0i64;

@@ -30,8 +30,21 @@ impl<'a> Reader<'a> {
         self.pos >= self.end
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, DecodeError> {
+        // Keys, lengths of labels and most timestamps' first byte: one byte is the norm.
+        if self.pos < self.end {
+            let byte = self.buf[self.pos];
+            if byte < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(byte));
+            }
+        }
+        self.varint_slow()
+    }
+
+    #[inline(never)]
+    fn varint_slow(&mut self) -> Result<u64, DecodeError> {
         let mut value: u64 = 0;
         let mut shift = 0u32;
         loop {
@@ -55,7 +68,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a field key; returns (field number, wire type).
-    #[inline]
+    #[inline(always)]
     pub fn key(&mut self) -> Result<(u32, u8), DecodeError> {
         let key = self.varint()?;
         let field = key >> 3;
@@ -77,7 +90,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a length-delimited field and returns its [start, end) range.
-    #[inline]
+    #[inline(always)]
     pub fn len_delimited(&mut self) -> Result<(usize, usize), DecodeError> {
         let len = self.varint()?;
         let remaining = (self.end - self.pos) as u64;

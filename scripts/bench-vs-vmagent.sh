@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Side-by-side throughput of promnorm and vmagent 1.79 under the same wrk load into the
+# same nginx null sink (shared/tools/bench/bench_rw.py), each pinned to one core.
+# Needs Debian's vmagent, wrk and nginx on PATH and /usr/bin/python3 with snappy.
+# Usage: scripts/bench-vs-vmagent.sh [RUNS] [DURATION_S]; results in bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-3}
+DURATION=${2:-20}
+SHARED=${SHARED_DIR:-$(cd .. && pwd)/shared}
+TOOLS=$SHARED/tools/bench
+PAYLOADS=${PAYLOADS:-/tmp/prw-payloads/default}
+[[ -f $PAYLOADS/meta.json ]] || /usr/bin/python3 "$TOOLS/gen_payloads.py" --out "$PAYLOADS" --count 100
+cargo build --release --quiet
+BIN=$PWD/target/release/promnorm
+mkdir -p bench/results
+RESULTS=bench/results/$(date -u +%Y-%m-%dT%H%M).jsonl
+common=(--payloads "$PAYLOADS" --runs "$RUNS" --duration "$DURATION" --results "$RESULTS")
+promnorm_case() { # case config
+  /usr/bin/python3 "$TOOLS/bench_rw.py" run --case "$1" --sut cmd --sut-port 9201 \
+    --sut-cmd "$BIN serve --config $PWD/$2 --listen 127.0.0.1:{port} --backend {sink_url}" \
+    --sut-ready-url 'http://127.0.0.1:{port}/-/ready' \
+    --sut-metrics-url 'http://127.0.0.1:{port}/metrics' \
+    --ingest-metric promnorm_samples_received_total \
+    --sent-metric promnorm_samples_forwarded_total "${common[@]}"
+}
+# Interleaved so that drift of the machine hits both sides alike.
+/usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-relabel --relabel "$TOOLS/relabel.yml" "${common[@]}"
+promnorm_case promnorm-all-packs bench/all-packs.yaml
+/usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-passthrough "${common[@]}"
+promnorm_case promnorm-passthrough bench/passthrough.yaml
+/usr/bin/python3 "$TOOLS/bench_rw.py" report "$RESULTS"
