@@ -461,3 +461,65 @@ fn counter_metadata_gives_unknown_families_total_across_requests() {
     assert!(p.counter_families().is_none());
     assert_eq!(find(&run(&p, &samples(3000)), "acme_requests").len(), 1);
 }
+
+#[test]
+fn lmcache_worker_dedup_example_is_a_working_user_rule() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/lmcache-worker-dedup.yaml");
+    let cfg = Config::parse(
+        &format!(
+            "listen: 127.0.0.1:0\npacks:\n  files: [{}]\n",
+            example.display()
+        ),
+        "t.yaml",
+    )
+    .unwrap();
+    let p = cfg.pipeline().unwrap();
+    let mut timeseries = Vec::new();
+    for worker in ["0", "1", "2", "3"] {
+        for name in [
+            "lmcache:num_hit_tokens_total",
+            "lmcache:num_remote_read_bytes_total",
+        ] {
+            timeseries.push(series(
+                &[
+                    ("__name__", name),
+                    ("model_name", "m"),
+                    ("worker_id", worker),
+                ],
+                &[(100.0, 1000)],
+            ));
+        }
+    }
+    let mut ws = p.take_workspace();
+    p.process(
+        &mut ws,
+        &encode(&pb::WriteRequest {
+            timeseries,
+            metadata: vec![],
+        }),
+    )
+    .unwrap();
+    let out = decode(ws.compressed());
+    let hits = find(&out, "lmcache:num_hit_tokens_total");
+    assert_eq!(hits.len(), 1, "logical counter kept once");
+    assert!(
+        hits[0]
+            .labels
+            .iter()
+            .any(|l| l.name == "worker_id" && l.value == "0")
+    );
+    assert_eq!(
+        find(&out, "lmcache:num_remote_read_bytes_total").len(),
+        4,
+        "physical kept per worker"
+    );
+    let stats = p.stats(&ws);
+    let reason = p
+        .rules()
+        .reasons()
+        .iter()
+        .position(|r| r == "tp_rank_dedup")
+        .unwrap();
+    assert_eq!(stats.dropped[reason], 3);
+}
