@@ -232,6 +232,9 @@ pub struct PacksConfig {
     /// Per-pack `keep_original` overrides.
     #[serde(default)]
     pub keep_original: BTreeMap<String, bool>,
+    /// Per-pack overrides of `rank_dedup.sum_over_ranks` (e.g. `{sglang: true}`).
+    #[serde(default)]
+    pub sum_over_ranks: BTreeMap<String, bool>,
 }
 
 impl Default for PacksConfig {
@@ -240,6 +243,7 @@ impl Default for PacksConfig {
             builtin: BuiltinPacks::All,
             files: Vec::new(),
             keep_original: BTreeMap::new(),
+            sum_over_ranks: BTreeMap::new(),
         }
     }
 }
@@ -437,6 +441,7 @@ impl Config {
             });
         }
         Ok(Some(crate::derive::DeriveSettings {
+            derived_series: true,
             window: d.window,
             stale_after: d.stale_after,
             max_series: d.max_series,
@@ -459,8 +464,20 @@ impl Config {
                 max_series: self.limits.max_series_per_request,
             },
         );
-        if let Some(settings) = self.derive_settings()? {
-            p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+        let sums = p.rules().sums_over_ranks();
+        match self.derive_settings()? {
+            Some(settings) => {
+                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+            }
+            // Sums over ranks are stateful too: they need the derive stage alone.
+            None if sums => {
+                let settings = crate::derive::DeriveSettings {
+                    derived_series: false,
+                    ..Default::default()
+                };
+                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+            }
+            None => {}
         }
         if self.metadata_total_fix {
             p = p.with_metadata_total_fix();
@@ -521,6 +538,7 @@ impl Config {
                 let opts = PackOptions {
                     name: p.pack.clone(),
                     keep_original: keep,
+                    sum_over_ranks: self.packs.sum_over_ranks.get(&p.pack).copied(),
                 };
                 (p, opts)
             })

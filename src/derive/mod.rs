@@ -10,6 +10,7 @@
 
 pub mod defs;
 pub mod gpus;
+pub mod ranks;
 pub mod state;
 pub mod writer;
 
@@ -23,6 +24,7 @@ use ahash::AHashMap;
 use crate::mapping::{Mapper, TapSet, TappedSeries};
 use crate::wire::encode::{SeriesWriter, write_series_label};
 use defs::{DEFINITIONS, Definition};
+use ranks::RankSumState;
 use state::SeriesState;
 
 const SHARDS: usize = 64;
@@ -37,6 +39,8 @@ pub struct Peak {
 
 #[derive(Clone, Debug)]
 pub struct DeriveSettings {
+    /// The derived series of [`defs::DEFINITIONS`] (off: only sums over ranks).
+    pub derived_series: bool,
     /// Compute against the oldest point within this window instead of the previous one.
     pub window: Option<Duration>,
     pub stale_after: Duration,
@@ -49,6 +53,7 @@ pub struct DeriveSettings {
 impl Default for DeriveSettings {
     fn default() -> Self {
         DeriveSettings {
+            derived_series: true,
             window: None,
             stale_after: Duration::from_secs(600),
             max_series: 1_000_000,
@@ -71,8 +76,12 @@ pub struct Emitted {
 #[derive(Default)]
 struct Shard {
     series: AHashMap<Arc<[u8]>, Box<SeriesState>>,
+    rank_sums: AHashMap<Arc<[u8]>, Box<RankSumState>>,
     queue: Vec<Emitted>,
 }
+
+/// `Emitted::def` of a sum over ranks (not one of the definitions).
+pub const RANK_SUM: u16 = u16::MAX;
 
 /// Counts kept by the deriver; exported as promnorm metrics by the caller.
 #[derive(Default)]
@@ -85,6 +94,8 @@ pub struct DeriveCounters {
     pub backlog_dropped: AtomicU64,
     /// Input series with no configured peak (no MFU/MBU for them).
     pub no_peak: AtomicU64,
+    /// Ranks forgotten by a sum over ranks because they stopped reporting.
+    pub ranks_gone: AtomicU64,
 }
 
 /// Reusable per-worker scratch of the derive stage.
@@ -117,6 +128,7 @@ impl Deriver {
         // Utilisation series exist only where a peak is configured.
         let defs: Vec<Definition> = DEFINITIONS
             .iter()
+            .filter(|_| settings.derived_series)
             .filter(|d| (!d.needs_flops() || has_flops) && (!d.needs_bandwidth() || has_bandwidth))
             .copied()
             .collect();
@@ -170,6 +182,9 @@ impl Deriver {
     pub fn observe(&self, mapper: &Mapper, buf: &[u8], scratch: &mut DeriveScratch) {
         let now_s = self.now_s();
         for t in mapper.tapped(buf) {
+            if let Some(rank_label) = t.rank_label() {
+                self.observe_rank_sum(&t, rank_label, now_s, scratch);
+            }
             let Some(targets) = self.inputs.get(t.name()) else {
                 continue;
             };
@@ -190,10 +205,7 @@ impl Deriver {
         let def = &self.defs[di as usize];
         derived_key(def.name, t.labels(), &mut scratch.key);
         let key = scratch.key.as_slice();
-        let mut h = self.hasher.build_hasher();
-        h.write(key);
-        let shard_idx = (h.finish() as usize) % SHARDS;
-        let Ok(mut guard) = self.shards[shard_idx].lock() else {
+        let Ok(mut guard) = self.shard_of(key).lock() else {
             return;
         };
         let shard = &mut *guard;
@@ -255,6 +267,75 @@ impl Deriver {
         }
     }
 
+    fn observe_rank_sum(
+        &self,
+        t: &TappedSeries<'_>,
+        rank_label: &[u8],
+        now_s: u32,
+        scratch: &mut DeriveScratch,
+    ) {
+        let Some(rank) = t.labels().find(|(n, _)| *n == rank_label).map(|(_, v)| v) else {
+            return;
+        };
+        scratch.key.clear();
+        for (n, v) in t.labels() {
+            if n != rank_label {
+                write_series_label(&mut scratch.key, n, v);
+            }
+        }
+        let key = scratch.key.as_slice();
+        let Ok(mut guard) = self.shard_of(key).lock() else {
+            return;
+        };
+        let shard = &mut *guard;
+        if !shard.rank_sums.contains_key(key) {
+            if self.series_count.load(Ordering::Relaxed) >= self.max_series {
+                self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            shard
+                .rank_sums
+                .insert(Arc::from(key), Box::new(RankSumState::new(now_s)));
+            self.series_count.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(labels) = shard.rank_sums.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let Some(state) = shard.rank_sums.get_mut(key) else {
+            return;
+        };
+        state.last_seen_s = now_s;
+        let mut gone = 0;
+        for smp in t.samples() {
+            if let Some((ts, bits)) = state.observe(rank, smp.timestamp, smp.value_bits, &mut gone)
+            {
+                if shard.queue.len() >= self.shard_queue_limit {
+                    self.counters
+                        .backlog_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                shard.queue.push(Emitted {
+                    labels: labels.clone(),
+                    def: RANK_SUM,
+                    timestamp: ts,
+                    value_bits: bits,
+                });
+            }
+        }
+        if gone > 0 {
+            self.counters
+                .ranks_gone
+                .fetch_add(u64::from(gone), Ordering::Relaxed);
+        }
+    }
+
+    fn shard_of(&self, key: &[u8]) -> &Mutex<Shard> {
+        let mut h = self.hasher.build_hasher();
+        h.write(key);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
     fn peak_for<'a>(
         &self,
         def: &Definition,
@@ -306,10 +387,12 @@ impl Deriver {
         let limit = self.stale_after_s;
         for shard in self.shards.iter() {
             if let Ok(mut s) = shard.lock() {
-                let before = s.series.len();
+                let before = s.series.len() + s.rank_sums.len();
                 s.series
                     .retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
-                let gone = before - s.series.len();
+                s.rank_sums
+                    .retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                let gone = before - s.series.len() - s.rank_sums.len();
                 if gone > 0 {
                     self.series_count.fetch_sub(gone, Ordering::Relaxed);
                     self.counters

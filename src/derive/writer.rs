@@ -72,14 +72,22 @@ impl Writer {
         }
         let defs = self.deriver.definitions();
         let mut per_def = vec![0u64; defs.len()];
+        let mut rank_sums = 0u64;
         for e in &self.batch {
-            per_def[e.def as usize] += 1;
+            match per_def.get_mut(e.def as usize) {
+                Some(n) => *n += 1,
+                None => rank_sums += 1,
+            }
         }
         for (d, n) in defs.iter().zip(per_def) {
             if n > 0 {
                 metrics::counter!("promnorm_derived_samples_total", "series" => d.name)
                     .increment(n);
             }
+        }
+        if rank_sums > 0 {
+            metrics::counter!("promnorm_derived_samples_total", "series" => "sum_over_ranks")
+                .increment(rank_sums);
         }
         let mut batch = std::mem::take(&mut self.batch);
         for chunk in batch.chunks_mut(MAX_SAMPLES_PER_REQUEST) {

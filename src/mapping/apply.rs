@@ -41,6 +41,8 @@ struct WorkLabel {
 #[derive(Clone, Copy, Debug)]
 struct OutSeries {
     labels: Range32,
+    /// Rank label to sum this physical series over (derive stage), if its plan says so.
+    rank_label: Option<Str>,
     first_chunk: u32,
     last_chunk: u32,
     next_same_hash: u32,
@@ -181,6 +183,7 @@ pub struct MapContext<'a> {
 struct Tapped {
     labels: Range32,
     samples: Range32,
+    rank_label: Option<Str>,
 }
 
 /// One recorded output series: its final labels (with `__name__`) and float samples.
@@ -207,6 +210,13 @@ impl<'a> TappedSeries<'a> {
 
     pub fn samples(&self) -> &'a [SampleView] {
         &self.mapper.tap_samples[self.tapped.samples.usize()]
+    }
+
+    /// The rank label to sum this physical series over, when its pack asks for it.
+    pub fn rank_label(&self) -> Option<&'a [u8]> {
+        self.tapped
+            .rank_label
+            .map(|l| self.mapper.str_bytes(l, self.buf))
     }
 }
 
@@ -345,6 +355,7 @@ impl Mapper {
                 start: s_start,
                 end: self.tap_samples.len() as u32,
             },
+            rank_label: None,
         });
     }
 
@@ -354,20 +365,23 @@ impl Mapper {
         &mut self,
         taps: &TapSet,
         buf: &[u8],
-        labels: Range32,
+        o: OutSeries,
         samples: Range32,
         gathered: bool,
     ) {
-        let out_labels = &self.out_labels[labels.usize()];
-        let Some(name) = out_labels
-            .iter()
-            .find(|l| self.str_bytes(l.name, buf) == b"__name__")
-        else {
-            return;
-        };
-        if !taps.contains(self.str_bytes(name.value, buf)) {
-            return;
+        if o.rank_label.is_none() {
+            let out_labels = &self.out_labels[o.labels.usize()];
+            let Some(name) = out_labels
+                .iter()
+                .find(|l| self.str_bytes(l.name, buf) == b"__name__")
+            else {
+                return;
+            };
+            if !taps.contains(self.str_bytes(name.value, buf)) {
+                return;
+            }
         }
+        let labels = o.labels;
         let l_start = self.tap_labels.len() as u32;
         for i in labels.usize() {
             let l = self.out_labels[i];
@@ -389,6 +403,7 @@ impl Mapper {
                 start: s_start,
                 end: self.tap_samples.len() as u32,
             },
+            rank_label: o.rank_label,
         });
     }
 
@@ -493,6 +508,7 @@ impl Mapper {
         }
         let mut scale: Option<(super::number::Factor, ScaleTarget)> = None;
         let mut renamed_by: Option<u16> = None;
+        let mut rank_label: Option<Str> = None;
         if let Some(plan) = plan {
             for step in &plan.steps {
                 if !step.when.is_empty() && !self.matches(buf, &step.when) {
@@ -567,6 +583,11 @@ impl Mapper {
                             return;
                         }
                     }
+                    Action::SumOverRanks(label) => {
+                        if self.find(buf, label.as_bytes()).is_some() {
+                            rank_label = Some(self.intern(label.as_bytes()));
+                        }
+                    }
                     Action::Scale { factor, target } => {
                         scale = Some(match scale {
                             Some((f, _)) => (f.then(*factor), *target),
@@ -592,7 +613,7 @@ impl Mapper {
         self.finish_labels(buf);
         // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
-        self.insert(buf, req, s, value_factor, scale.map(|(f, _)| f));
+        self.insert(buf, req, s, value_factor, scale.map(|(f, _)| f), rank_label);
     }
 
     fn rescale_le(
@@ -700,6 +721,7 @@ impl Mapper {
         s: &SeriesView,
         factor: Option<super::number::Factor>,
         exemplar_factor: Option<super::number::Factor>,
+        rank_label: Option<Str>,
     ) {
         // Samples (rescaled when a factor applies; stale markers never touched).
         let s_start = self.samples.len() as u32;
@@ -778,6 +800,7 @@ impl Mapper {
             first_chunk: chunk_id,
             last_chunk: chunk_id,
             next_same_hash: head,
+            rank_label,
         });
         self.index.insert(hash, id);
     }
@@ -812,13 +835,13 @@ impl Mapper {
                     w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
-                if !taps.is_empty() && !first.samples.is_empty() {
-                    self.tap_merged(taps, buf, o.labels, first.samples, false);
+                if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
+                    self.tap_merged(taps, buf, o, first.samples, false);
                 }
             } else {
                 self.encode_chunks(&mut w, o.first_chunk, buf, req);
-                if !taps.is_empty() && !self.gather_samples.is_empty() {
-                    self.tap_merged(taps, buf, o.labels, first.samples, true);
+                if (!taps.is_empty() || o.rank_label.is_some()) && !self.gather_samples.is_empty() {
+                    self.tap_merged(taps, buf, o, first.samples, true);
                 }
             }
             w.finish(out);

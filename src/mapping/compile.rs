@@ -69,6 +69,8 @@ pub enum Action {
         label: Box<str>,
         keep: Box<str>,
     },
+    /// Physical per-rank family: the derive stage also emits its sum over this label.
+    SumOverRanks(Box<str>),
     Scale {
         factor: Factor,
         target: ScaleTarget,
@@ -157,6 +159,7 @@ struct RankDedup {
     physical_names: AHashSet<String>,
     physical_prefixes: Vec<String>,
     physical_suffixes: Vec<String>,
+    sum_over_ranks: bool,
 }
 
 /// Options that apply across packs.
@@ -164,6 +167,8 @@ struct RankDedup {
 pub struct PackOptions {
     pub name: String,
     pub keep_original: bool,
+    /// Overrides the pack's own `rank_dedup.sum_over_ranks`.
+    pub sum_over_ranks: Option<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -250,6 +255,7 @@ impl Rules {
                     physical_names: d.physical.names.iter().cloned().collect(),
                     physical_prefixes: d.physical.prefixes.clone(),
                     physical_suffixes: d.physical.suffixes.clone(),
+                    sum_over_ranks: opts.sum_over_ranks.unwrap_or(d.sum_over_ranks),
                 });
             }
         }
@@ -351,6 +357,11 @@ impl Rules {
 
     pub fn packs(&self) -> &[PackOptions] {
         &self.packs
+    }
+
+    /// True when some pack sums physical families over ranks (needs the derive stage).
+    pub fn sums_over_ranks(&self) -> bool {
+        self.dedups.iter().any(|d| d.sum_over_ranks)
     }
 
     pub fn exact_name_count(&self) -> usize {
@@ -498,6 +509,17 @@ impl Rules {
                     "pack {}: physical per-rank family, every {} kept",
                     self.packs[d.pack as usize].name, d.label
                 ));
+                if d.sum_over_ranks {
+                    plan.steps.push(Step {
+                        when: Vec::new(),
+                        action: Action::SumOverRanks(d.label.clone()),
+                        pack: d.pack,
+                    });
+                    plan.trace.push(format!(
+                        "pack {}: also summed over {} (a series without it)",
+                        self.packs[d.pack as usize].name, d.label
+                    ));
+                }
                 continue;
             }
             plan.steps.push(Step {

@@ -121,6 +121,9 @@ pub struct RankDedupSpec {
     pub prefixes: Vec<String>,
     #[serde(default)]
     pub physical: PhysicalSpec,
+    /// Also emit physical families summed over ranks, as series without the rank label.
+    #[serde(default)]
+    pub sum_over_ranks: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,0 +1,175 @@
+//! Sums of a physical per-rank family over its rank label (SPEC 2.3 `sum_over_ranks`):
+//! the latest value of every rank of a group, emitted once per timestamp at which every
+//! rank has reported. Ranks of one scrape share its timestamp but may arrive in
+//! different requests, in any order.
+
+use crate::mapping::STALE_NAN_BITS;
+
+/// Ranks per group, at most (a label of unbounded cardinality cannot grow the state).
+pub const MAX_RANKS: usize = 256;
+/// Timestamps remembered per rank: how far one rank may run ahead of another.
+const HISTORY: usize = 4;
+const EMPTY: i64 = i64::MIN;
+
+#[derive(Debug)]
+struct Rank {
+    value_of_rank: Box<[u8]>,
+    history: [(i64, f64); HISTORY],
+    next: usize,
+    newest: i64,
+}
+
+impl Rank {
+    fn at(&self, timestamp: i64) -> Option<f64> {
+        self.history
+            .iter()
+            .find(|(t, _)| *t == timestamp)
+            .map(|(_, v)| *v)
+    }
+
+    fn oldest(&self) -> i64 {
+        self.history
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t != EMPTY)
+            .min()
+            .unwrap_or(EMPTY)
+    }
+}
+
+#[derive(Debug)]
+pub struct RankSumState {
+    pub last_seen_s: u32,
+    last_emitted: i64,
+    /// The group's first timestamp: its scrape only teaches which ranks exist (they
+    /// arrive one by one, so a sum then would miss the ranks not yet seen).
+    first: i64,
+    ranks: Vec<Rank>,
+}
+
+impl RankSumState {
+    pub fn new(now_s: u32) -> Self {
+        RankSumState {
+            last_seen_s: now_s,
+            last_emitted: EMPTY,
+            first: EMPTY,
+            ranks: Vec::new(),
+        }
+    }
+
+    /// Feeds one sample of `rank`; returns the sum to emit, if this completes one.
+    /// `gone` counts ranks forgotten because they fell behind.
+    pub fn observe(
+        &mut self,
+        rank: &[u8],
+        timestamp: i64,
+        value_bits: u64,
+        gone: &mut u32,
+    ) -> Option<(i64, u64)> {
+        let pos = self.ranks.iter().position(|r| &*r.value_of_rank == rank);
+        if value_bits == STALE_NAN_BITS {
+            // The rank's series ended; when the last one ends, the sum ends too.
+            if let Some(i) = pos {
+                self.ranks.swap_remove(i);
+            }
+            if self.ranks.is_empty() && self.last_emitted != EMPTY && timestamp > self.last_emitted
+            {
+                self.last_emitted = timestamp;
+                return Some((timestamp, STALE_NAN_BITS));
+            }
+            return None;
+        }
+        let value = f64::from_bits(value_bits);
+        if value.is_nan() {
+            return None;
+        }
+        let i = match pos {
+            Some(i) => i,
+            None if self.ranks.len() >= MAX_RANKS => return None,
+            None => {
+                self.ranks.push(Rank {
+                    value_of_rank: rank.into(),
+                    history: [(EMPTY, 0.0); HISTORY],
+                    next: 0,
+                    newest: EMPTY,
+                });
+                self.ranks.len() - 1
+            }
+        };
+        let r = &mut self.ranks[i];
+        if timestamp <= r.newest {
+            return None;
+        }
+        r.history[r.next] = (timestamp, value);
+        r.next = (r.next + 1) % HISTORY;
+        r.newest = timestamp;
+        // A rank with nothing as recent as this rank's oldest remembered timestamp has
+        // stopped reporting (without a stale marker): stop waiting for it.
+        let horizon = self.ranks[i].oldest();
+        let before = self.ranks.len();
+        self.ranks.retain(|r| r.newest >= horizon);
+        *gone += (before - self.ranks.len()) as u32;
+        if self.first == EMPTY {
+            self.first = timestamp;
+        }
+        if timestamp <= self.last_emitted || timestamp <= self.first {
+            return None;
+        }
+        let mut sum = 0.0;
+        for r in &self.ranks {
+            sum += r.at(timestamp)?;
+        }
+        self.last_emitted = timestamp;
+        Some((timestamp, sum.to_bits()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(s: &mut RankSumState, rank: &str, ts: i64, v: f64) -> Option<f64> {
+        let mut gone = 0;
+        s.observe(rank.as_bytes(), ts, v.to_bits(), &mut gone)
+            .map(|(t, b)| {
+                assert_eq!(t, ts);
+                f64::from_bits(b)
+            })
+    }
+
+    #[test]
+    fn sums_once_every_rank_reported_in_any_order() {
+        let mut s = RankSumState::new(0);
+        assert_eq!(
+            feed(&mut s, "0", 1000, 1.0),
+            None,
+            "the first scrape learns ranks"
+        );
+        assert_eq!(feed(&mut s, "1", 1000, 2.0), None);
+        // Rank 1 is ahead: 2000 completes when rank 0 reports it.
+        assert_eq!(feed(&mut s, "1", 2000, 20.0), None);
+        assert_eq!(feed(&mut s, "1", 3000, 30.0), None);
+        assert_eq!(feed(&mut s, "0", 2000, 10.0), Some(30.0));
+        assert_eq!(feed(&mut s, "0", 3000, 15.0), Some(45.0));
+    }
+
+    #[test]
+    fn a_rank_that_stops_is_forgotten_and_stale_ends_the_sum() {
+        let mut s = RankSumState::new(0);
+        for ts in [1000, 2000] {
+            feed(&mut s, "0", ts, 1.0);
+            feed(&mut s, "1", ts, 1.0);
+        }
+        // Rank 1 stops; rank 0 goes on: after HISTORY timestamps rank 1 is dropped.
+        let mut got = None;
+        for ts in [3000, 4000, 5000, 6000, 7000] {
+            got = feed(&mut s, "0", ts, 1.0);
+        }
+        assert_eq!(got, Some(1.0));
+        let mut gone = 0;
+        assert_eq!(
+            s.observe(b"0", 8000, STALE_NAN_BITS, &mut gone),
+            Some((8000, STALE_NAN_BITS))
+        );
+    }
+}
