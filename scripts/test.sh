@@ -44,7 +44,7 @@ if [[ ! -f $PAYLOADS/meta.json ]]; then
   fi
   "$PY" "$SHARED_DIR/tools/bench/gen_payloads.py" --out "$PAYLOADS" --count 100 >&2
 fi
-export PROMNORM_PAYLOAD_DIR=$PAYLOADS
+export PROMNORM_PAYLOAD_DIR=$PAYLOADS PAYLOAD_DIR=$PAYLOADS
 export PROMNORM_REQUIRE_PAYLOADS=1
 
 cargo test --release --all-targets -- --nocapture 2>&1 | tee .e2e-bin/test.log
