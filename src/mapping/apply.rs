@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use ahash::{AHashMap, AHashSet};
 
-use super::compile::{Action, Plan, Resolution, Rules, ScaleTarget, Step};
+use super::compile::{
+    Action, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP, Resolution, Rules, ScaleTarget,
+    Step,
+};
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
 use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span};
 use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, write_raw_series};
@@ -579,7 +582,7 @@ impl Mapper {
                         if let Some(i) = self.find(buf, label.as_bytes())
                             && self.str_bytes(self.work[i].value, buf) != keep.as_bytes()
                         {
-                            self.drop_series(s, 1);
+                            self.drop_series(s, REASON_RANK_DEDUP);
                             return;
                         }
                     }
@@ -886,7 +889,11 @@ impl Mapper {
         dups += (before - self.gather_hist.len()) as u64;
         self.gather_ex.sort_by_key(|e| e.timestamp);
         self.gather_ex.dedup_by_key(|e| e.timestamp);
-        if let Some(d) = self.stats.dropped.get_mut(2) {
+        if let Some(d) = self
+            .stats
+            .dropped
+            .get_mut(REASON_DUPLICATE_TIMESTAMP as usize)
+        {
             *d += dups;
         }
         for smp in &self.gather_samples {

@@ -77,6 +77,11 @@ pub enum Action {
     },
 }
 
+/// Index of the built-in drop reason `tp_rank_dedup` in [`Rules::reasons`].
+pub const REASON_RANK_DEDUP: u16 = 1;
+/// Index of the built-in drop reason `duplicate_timestamp` in [`Rules::reasons`].
+pub const REASON_DUPLICATE_TIMESTAMP: u16 = 2;
+
 #[derive(Clone, Debug)]
 pub struct Step {
     /// Exact label matchers, checked against the series' labels at that point.
@@ -224,9 +229,14 @@ impl Rules {
                 (reasons.len() - 1) as u16
             }
         };
+        // Built-in reasons first, at the indices the mapper uses directly.
         let created_reason = reason_id("created_series", &mut reasons);
-        reason_id("tp_rank_dedup", &mut reasons);
-        reason_id("duplicate_timestamp", &mut reasons);
+        let rank_reason = reason_id("tp_rank_dedup", &mut reasons);
+        let duplicate_reason = reason_id("duplicate_timestamp", &mut reasons);
+        debug_assert_eq!(
+            (rank_reason, duplicate_reason),
+            (REASON_RANK_DEDUP, REASON_DUPLICATE_TIMESTAMP)
+        );
 
         for (pi, (pack, opts)) in packs.iter().enumerate() {
             let pid = pi as u16;
