@@ -246,18 +246,7 @@ impl Deriver {
                 self.window_ms,
                 &mut incomplete,
             ) {
-                if shard.queue.len() >= self.shard_queue_limit {
-                    self.counters
-                        .backlog_dropped
-                        .fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                shard.queue.push(Emitted {
-                    labels: labels.clone(),
-                    def: di,
-                    timestamp: ts,
-                    value_bits: bits,
-                });
+                self.enqueue(&mut shard.queue, &labels, di, ts, bits);
             }
         }
         if incomplete > 0 {
@@ -309,18 +298,7 @@ impl Deriver {
         for smp in t.samples() {
             if let Some((ts, bits)) = state.observe(rank, smp.timestamp, smp.value_bits, &mut gone)
             {
-                if shard.queue.len() >= self.shard_queue_limit {
-                    self.counters
-                        .backlog_dropped
-                        .fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                shard.queue.push(Emitted {
-                    labels: labels.clone(),
-                    def: RANK_SUM,
-                    timestamp: ts,
-                    value_bits: bits,
-                });
+                self.enqueue(&mut shard.queue, &labels, RANK_SUM, ts, bits);
             }
         }
         if gone > 0 {
@@ -328,6 +306,22 @@ impl Deriver {
                 .ranks_gone
                 .fetch_add(u64::from(gone), Ordering::Relaxed);
         }
+    }
+
+    /// Queues a derived sample (the shard is locked: per-series order is kept).
+    fn enqueue(&self, queue: &mut Vec<Emitted>, labels: &Arc<[u8]>, def: u16, ts: i64, bits: u64) {
+        if queue.len() >= self.shard_queue_limit {
+            self.counters
+                .backlog_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        queue.push(Emitted {
+            labels: labels.clone(),
+            def,
+            timestamp: ts,
+            value_bits: bits,
+        });
     }
 
     fn shard_of(&self, key: &[u8]) -> &Mutex<Shard> {
