@@ -143,6 +143,28 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
         );
     }
 
+    // A live engine whose counters move: every scrape adds 3 prefix-cache hits, 4
+    // queries and 1e15 FLOP, so the derived hit ratio is exactly 0.75 and MFU (peak
+    // 1e15 FLOP/s, 1 s scrapes) about 1.
+    let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    router = router.route(
+        "/engine/metrics",
+        axum::routing::get(move || {
+            let n = scrapes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            async move {
+                let l = r#"{engine="0",model_name="e2e-dynamic"}"#;
+                format!(
+                    "# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{l} {}\n\
+                     # TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{l} {}\n\
+                     # TYPE vllm:estimated_flops_per_gpu counter\nvllm:estimated_flops_per_gpu_total{l} {}\n",
+                    3 * n,
+                    4 * n,
+                    n as f64 * 1e15
+                )
+            }
+        }),
+    );
+
     // Fixture exporter.
     let fixture = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let fixture_addr = fixture.local_addr().unwrap();
@@ -177,11 +199,17 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
     let receiver = format!("http://127.0.0.1:{recv_port}");
 
     // promnorm, in-process, forwarding to the receiver.
-    let proxy = start_proxy(&[format!("{receiver}/api/v1/write")], "").await;
+    let proxy = start_proxy(
+        &[format!("{receiver}/api/v1/write")],
+        "derived:\n  flush_interval: 200ms\n  peaks:\n    - match: {model_name: e2e-dynamic}\n      flops: 1.0e15\n",
+    )
+    .await;
 
     // Sender.
     let send_port = free_port();
-    let mut scrape = String::new();
+    let mut scrape = format!(
+        "  - job_name: engine\n    metrics_path: /engine/metrics\n    static_configs:\n      - targets: ['{fixture_addr}']\n"
+    );
     for i in 0..dumps.len() {
         scrape.push_str(&format!(
             "  - job_name: dump{i}\n    metrics_path: /{i}/metrics\n    static_configs:\n      - targets: ['{fixture_addr}']\n"
@@ -214,10 +242,33 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
     // Wait until every expected series has arrived (bounded).
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut got = BTreeMap::new();
+    let mut live = BTreeMap::new();
+    let ratio_key = |name: &str| -> SeriesKey {
+        (
+            name.to_string(),
+            vec![
+                ("engine".to_string(), "0".to_string()),
+                ("model_name".to_string(), "e2e-dynamic".to_string()),
+            ],
+        )
+    };
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(2)).await;
         got = query_all(&receiver).await;
-        if expected.keys().all(|k| got.contains_key(k)) {
+        // The live engine's series are checked on their own below.
+        live = got
+            .iter()
+            .filter(|(k, _)| {
+                k.1.iter()
+                    .any(|(n, v)| n == "model_name" && v == "e2e-dynamic")
+            })
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        got.retain(|k, _| !live.contains_key(k));
+        if expected.keys().all(|k| got.contains_key(k))
+            && live.contains_key(&ratio_key("vllm:prefix_cache_hit_ratio"))
+            && live.contains_key(&ratio_key("vllm:mfu_ratio"))
+        {
             break;
         }
     }
@@ -291,6 +342,22 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
         "Hostname label renamed on every DCGM series"
     );
 
+    // Derived series, computed across requests by promnorm and sent on their own.
+    let hit_ratio = live.get(&ratio_key("vllm:prefix_cache_hit_ratio")).copied();
+    assert_eq!(
+        hit_ratio,
+        Some(0.75),
+        "derived hit ratio at the receiver: {live:?}"
+    );
+    let mfu = live
+        .get(&ratio_key("vllm:mfu_ratio"))
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        (0.9..=1.1).contains(&mfu),
+        "derived MFU about 1 (1 s scrapes): {mfu}"
+    );
+
     // The sender delivered everything: no failed or dropped samples.
     let sm = get(&format!("http://127.0.0.1:{send_port}/metrics"))
         .await
@@ -305,7 +372,7 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
     let failed = metric("prometheus_remote_storage_samples_failed_total");
     let retried = metric("prometheus_remote_storage_samples_retried_total");
     println!(
-        "e2e: {} series ({} names) arrived with the predicted values; sender sent {sent} samples, failed {failed}, retried {retried}",
+        "e2e: {} series ({} names) arrived with the predicted values; derived at the receiver: hit ratio {hit_ratio:?}, MFU {mfu}; sender sent {sent} samples, failed {failed}, retried {retried}",
         got.len(),
         names.len()
     );
