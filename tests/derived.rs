@@ -249,3 +249,74 @@ async fn rejected_derived_samples_never_fail_the_sender() {
         "derived samples were offered and refused: {a:?}"
     );
 }
+
+/// A backend that answers 503 to the first derived request, then accepts everything.
+async fn flaky_backend() -> (String, Arc<Mutex<Vec<(bool, u16)>>>) {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let a2 = answers.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |body: Bytes| {
+            let answers = a2.clone();
+            async move {
+                let req = decode(&body);
+                let derived = req
+                    .timeseries
+                    .iter()
+                    .any(|t| t.labels.iter().any(|l| l.value == RATIO));
+                let mut a = answers.lock().unwrap();
+                let first_derived = derived && !a.iter().any(|(d, _)| *d);
+                let code = if first_derived { 503 } else { 204 };
+                a.push((derived, code));
+                axum::http::StatusCode::from_u16(code).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), answers)
+}
+
+#[tokio::test]
+async fn derived_samples_are_retried_after_a_5xx() {
+    let (backend, answers) = flaky_backend().await;
+    let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
+    for k in 0..2i64 {
+        let ts = BASE_TS + k * 15_000;
+        let req = pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[("__name__", HITS), ("engine", "0")],
+                    &[(3.0 * k as f64, ts)],
+                ),
+                series(
+                    &[("__name__", QUERIES), ("engine", "0")],
+                    &[(4.0 * k as f64, ts)],
+                ),
+            ],
+            metadata: vec![],
+        };
+        assert_eq!(
+            post(&proxy.url(), encode(&req), RW_HEADERS).await.status,
+            204
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let derived = loop {
+        let a = answers.lock().unwrap().clone();
+        let d: Vec<u16> = a.iter().filter(|(d, _)| *d).map(|(_, c)| *c).collect();
+        if d.contains(&204) || tokio::time::Instant::now() > deadline {
+            break d;
+        }
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        derived,
+        vec![503, 204],
+        "refused once, then delivered on retry"
+    );
+}
