@@ -7,6 +7,8 @@
 //! onto its shard's queue while that shard is locked, so the samples of one series are
 //! queued in timestamp order; the [`writer`] drains the queues and sends them as
 //! requests of their own, so a backend rejecting them never touches the sender's data.
+//! Sums of physical families over their rank label ([`ranks`]) use the same shards,
+//! queues and writer.
 
 pub mod defs;
 pub mod gpus;
