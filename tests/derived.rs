@@ -168,9 +168,13 @@ async fn concurrent_shards_pair_numerator_and_denominator() {
     );
 }
 
-/// A backend that refuses derived samples (e.g. out of order) but accepts the sender's.
-async fn picky_backend() -> (String, Arc<Mutex<Vec<u16>>>) {
-    let answers = Arc::new(Mutex::new(Vec::new()));
+/// What a test backend answered: (the request held derived samples, status).
+type Answers = Arc<Mutex<Vec<(bool, u16)>>>;
+
+/// A backend whose status for each request is `answer(holds derived samples, earlier
+/// answers)`; it records every answer.
+async fn derived_aware_backend(answer: fn(bool, &[(bool, u16)]) -> u16) -> (String, Answers) {
+    let answers: Answers = Arc::new(Mutex::new(Vec::new()));
     let a2 = answers.clone();
     let app = axum::Router::new().route(
         "/api/v1/write",
@@ -182,8 +186,9 @@ async fn picky_backend() -> (String, Arc<Mutex<Vec<u16>>>) {
                     .timeseries
                     .iter()
                     .any(|t| t.labels.iter().any(|l| l.value == RATIO));
-                let code = if derived { 400 } else { 204 };
-                answers.lock().unwrap().push(code);
+                let mut a = answers.lock().unwrap();
+                let code = answer(derived, &a);
+                a.push((derived, code));
                 axum::http::StatusCode::from_u16(code).unwrap()
             }
         }),
@@ -196,26 +201,27 @@ async fn picky_backend() -> (String, Arc<Mutex<Vec<u16>>>) {
     (format!("http://{addr}/api/v1/write"), answers)
 }
 
+/// Scrape `k` of one engine's prefix-cache counters, as one request.
+fn engine_scrape(k: i64, hits: f64, queries: f64) -> Vec<u8> {
+    let ts = BASE_TS + k * 15_000;
+    encode(&pb::WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", HITS), ("engine", "0")], &[(hits, ts)]),
+            series(&[("__name__", QUERIES), ("engine", "0")], &[(queries, ts)]),
+        ],
+        metadata: vec![],
+    })
+}
+
 #[tokio::test]
 async fn rejected_derived_samples_never_fail_the_sender() {
-    let (backend, answers) = picky_backend().await;
+    // Refuses derived samples (e.g. out of order), accepts the sender's.
+    let (backend, answers) =
+        derived_aware_backend(|derived, _| if derived { 400 } else { 204 }).await;
     let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
     for k in 0..5i64 {
-        let ts = BASE_TS + k * 15_000;
-        let req = pb::WriteRequest {
-            timeseries: vec![
-                series(
-                    &[("__name__", HITS), ("engine", "0")],
-                    &[(10.0 * k as f64, ts)],
-                ),
-                series(
-                    &[("__name__", QUERIES), ("engine", "0")],
-                    &[(20.0 * k as f64, ts)],
-                ),
-            ],
-            metadata: vec![],
-        };
-        let r = post(&proxy.url(), encode(&req), RW_HEADERS).await;
+        let body = engine_scrape(k, 10.0 * k as f64, 20.0 * k as f64);
+        let r = post(&proxy.url(), body, RW_HEADERS).await;
         assert_eq!(r.status, 204, "sender's request {k}: {}", r.body);
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
@@ -240,69 +246,31 @@ async fn rejected_derived_samples_never_fail_the_sender() {
     );
     let a = answers.lock().unwrap().clone();
     assert_eq!(
-        a.iter().filter(|c| **c == 204).count(),
+        a.iter().filter(|(_, c)| *c == 204).count(),
         5,
         "the sender's 5 requests delivered"
     );
     assert!(
-        a.contains(&400),
+        a.contains(&(true, 400)),
         "derived samples were offered and refused: {a:?}"
     );
 }
 
-/// A backend that answers 503 to the first derived request, then accepts everything.
-async fn flaky_backend() -> (String, Arc<Mutex<Vec<(bool, u16)>>>) {
-    let answers = Arc::new(Mutex::new(Vec::new()));
-    let a2 = answers.clone();
-    let app = axum::Router::new().route(
-        "/api/v1/write",
-        axum::routing::post(move |body: Bytes| {
-            let answers = a2.clone();
-            async move {
-                let req = decode(&body);
-                let derived = req
-                    .timeseries
-                    .iter()
-                    .any(|t| t.labels.iter().any(|l| l.value == RATIO));
-                let mut a = answers.lock().unwrap();
-                let first_derived = derived && !a.iter().any(|(d, _)| *d);
-                let code = if first_derived { 503 } else { 204 };
-                a.push((derived, code));
-                axum::http::StatusCode::from_u16(code).unwrap()
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/api/v1/write"), answers)
-}
-
 #[tokio::test]
 async fn derived_samples_are_retried_after_a_5xx() {
-    let (backend, answers) = flaky_backend().await;
+    // 503 to the first derived request, then accepts everything.
+    let (backend, answers) = derived_aware_backend(|derived, earlier| {
+        if derived && !earlier.iter().any(|(d, _)| *d) {
+            503
+        } else {
+            204
+        }
+    })
+    .await;
     let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
     for k in 0..2i64 {
-        let ts = BASE_TS + k * 15_000;
-        let req = pb::WriteRequest {
-            timeseries: vec![
-                series(
-                    &[("__name__", HITS), ("engine", "0")],
-                    &[(3.0 * k as f64, ts)],
-                ),
-                series(
-                    &[("__name__", QUERIES), ("engine", "0")],
-                    &[(4.0 * k as f64, ts)],
-                ),
-            ],
-            metadata: vec![],
-        };
-        assert_eq!(
-            post(&proxy.url(), encode(&req), RW_HEADERS).await.status,
-            204
-        );
+        let body = engine_scrape(k, 3.0 * k as f64, 4.0 * k as f64);
+        assert_eq!(post(&proxy.url(), body, RW_HEADERS).await.status, 204);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let derived = loop {

@@ -25,6 +25,8 @@ pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
 
 const NONE: u32 = u32::MAX;
 const PLAN_CACHE_LIMIT: usize = 100_000;
+/// The tap set of a pipeline without a derive stage.
+static NO_TAPS: std::sync::LazyLock<TapSet> = std::sync::LazyLock::new(TapSet::default);
 /// The "pack" of steps that are not from a pack (the metadata `_total` fix).
 const METADATA_FIX_PACK: u16 = u16::MAX;
 
@@ -287,8 +289,7 @@ impl Mapper {
         ctx: &MapContext<'_>,
     ) {
         self.reset(rules);
-        let no_taps = TapSet::default();
-        let taps = ctx.taps.unwrap_or(&no_taps);
+        let taps = ctx.taps.unwrap_or(&NO_TAPS);
         if let Some(cf) = ctx.counters
             && cf.version.load(Ordering::Acquire) != self.counters_version
             && let Some((v, snap)) = cf.snapshot()
@@ -349,6 +350,11 @@ impl Mapper {
         let s_start = self.tap_samples.len() as u32;
         self.tap_samples
             .extend_from_slice(&req.samples[s.samples.usize()]);
+        self.close_tap(l_start, s_start, None);
+    }
+
+    /// Records the tap whose labels and samples were appended from these offsets on.
+    fn close_tap(&mut self, l_start: u32, s_start: u32, rank_label: Option<Str>) {
         self.taps.push(Tapped {
             labels: Range32 {
                 start: l_start,
@@ -358,20 +364,13 @@ impl Mapper {
                 start: s_start,
                 end: self.tap_samples.len() as u32,
             },
-            rank_label: None,
+            rank_label,
         });
     }
 
-    /// Records a merged output series if the derive stage wants it; `samples` are the
-    /// samples just written for it.
-    fn tap_merged(
-        &mut self,
-        taps: &TapSet,
-        buf: &[u8],
-        o: OutSeries,
-        samples: Range32,
-        gathered: bool,
-    ) {
+    /// Records a merged output series if the derive stage wants it, with the samples
+    /// just written for it: `samples` of one chunk, or (`None`) the gathered ones.
+    fn tap_merged(&mut self, taps: &TapSet, buf: &[u8], o: OutSeries, samples: Option<Range32>) {
         if o.rank_label.is_none() {
             let out_labels = &self.out_labels[o.labels.usize()];
             let Some(name) = out_labels
@@ -384,30 +383,17 @@ impl Mapper {
                 return;
             }
         }
-        let labels = o.labels;
         let l_start = self.tap_labels.len() as u32;
-        for i in labels.usize() {
+        for i in o.labels.usize() {
             let l = self.out_labels[i];
             self.tap_labels.push((l.name, l.value));
         }
         let s_start = self.tap_samples.len() as u32;
-        if gathered {
-            self.tap_samples.extend_from_slice(&self.gather_samples);
-        } else {
-            self.tap_samples
-                .extend_from_slice(&self.samples[samples.usize()]);
+        match samples {
+            Some(r) => self.tap_samples.extend_from_slice(&self.samples[r.usize()]),
+            None => self.tap_samples.extend_from_slice(&self.gather_samples),
         }
-        self.taps.push(Tapped {
-            labels: Range32 {
-                start: l_start,
-                end: self.tap_labels.len() as u32,
-            },
-            samples: Range32 {
-                start: s_start,
-                end: self.tap_samples.len() as u32,
-            },
-            rank_label: o.rank_label,
-        });
+        self.close_tap(l_start, s_start, o.rank_label);
     }
 
     fn count_out(&mut self, s: &SeriesView) {
@@ -839,12 +825,12 @@ impl Mapper {
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
                 if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
-                    self.tap_merged(taps, buf, o, first.samples, false);
+                    self.tap_merged(taps, buf, o, Some(first.samples));
                 }
             } else {
                 self.encode_chunks(&mut w, o.first_chunk, buf, req);
                 if (!taps.is_empty() || o.rank_label.is_some()) && !self.gather_samples.is_empty() {
-                    self.tap_merged(taps, buf, o, first.samples, true);
+                    self.tap_merged(taps, buf, o, None);
                 }
             }
             w.finish(out);

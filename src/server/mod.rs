@@ -114,6 +114,10 @@ impl AppState {
                 .absolute(load(&c.evicted_limit));
             metrics::counter!("promnorm_derived_incomplete_points_total")
                 .absolute(load(&c.incomplete));
+            metrics::counter!("promnorm_derived_inputs_without_peak_total")
+                .absolute(load(&c.no_peak));
+            metrics::counter!("promnorm_derived_ranks_forgotten_total")
+                .absolute(load(&c.ranks_gone));
             metrics::counter!("promnorm_samples_dropped_total", "reason" => "derived_backlog")
                 .absolute(load(&c.backlog_dropped));
         }
