@@ -203,24 +203,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cfg.listen = l;
             }
             if !backends.is_empty() {
-                cfg.backends = backends
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, url)| BackendConfig {
-                        name: Some(if i == 0 {
-                            "default".into()
-                        } else {
-                            format!("backend{i}")
-                        }),
-                        url,
-                        timeout: std::time::Duration::from_secs(30),
-                        headers: Default::default(),
-                        pass_headers: Vec::new(),
-                        basic_auth: None,
-                        bearer_token: None,
-                        tls: Default::default(),
-                    })
-                    .collect();
+                cfg.backends = backends.into_iter().map(BackendConfig::from_url).collect();
             }
             promnorm::telemetry::init_logging(cfg.log_format);
             let rt = tokio::runtime::Builder::new_multi_thread()

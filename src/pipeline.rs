@@ -39,7 +39,16 @@ pub struct Workspace {
     derive_scratch: DeriveScratch,
 }
 
+/// A pooled workspace whose buffers hold more than this is freed rather than pooled.
+/// Prometheus' default batches (2,000 samples) need well under 1 MiB.
+pub const WORKSPACE_RETAIN_BYTES: usize = 16 << 20;
+
 impl Workspace {
+    /// Bytes held by the workspace's byte buffers (its other vectors grow with them).
+    pub fn retained_bytes(&self) -> usize {
+        self.raw.capacity() + self.encoded.capacity() + self.compressed.capacity()
+    }
+
     /// The snappy-compressed output of the last [`Pipeline::process`].
     pub fn compressed(&self) -> &[u8] {
         &self.compressed[..self.compressed_len]
@@ -115,7 +124,13 @@ impl Pipeline {
             .unwrap_or_default()
     }
 
+    /// Gives a workspace back to the pool. One that an outlier request grew past
+    /// [`WORKSPACE_RETAIN_BYTES`] is freed instead, so a burst of huge requests does not
+    /// pin their memory for good.
     pub fn return_workspace(&self, ws: Box<Workspace>) {
+        if ws.retained_bytes() > WORKSPACE_RETAIN_BYTES {
+            return;
+        }
         if let Ok(mut p) = self.pool.lock()
             && p.len() < 64
         {

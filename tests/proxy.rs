@@ -41,11 +41,27 @@ async fn delivers_and_sets_protocol_headers() {
 
 #[tokio::test]
 async fn backend_errors_map_to_retryable_or_permanent() {
-    for (code, want) in [(500u16, 503u16), (503, 503), (400, 400), (404, 400)] {
+    // Data errors are final (400); promnorm's own credentials or URL being wrong
+    // (401/403/404/405/407) is not the data's fault: the sender must keep it and retry.
+    let cases = [
+        (500u16, 503u16),
+        (503, 503),
+        (400, 400),
+        (409, 400),
+        (422, 400),
+        (401, 503),
+        (403, 503),
+        (404, 503),
+        (405, 503),
+        (407, 503),
+        (408, 502),
+    ];
+    for (code, want) in cases {
         let (b, _) = fake_backend(Reply::status(code, "backend says no")).await;
         let p = start_proxy(&[b], "").await;
         let r = post(&p.url(), small_request(), RW_HEADERS).await;
         assert_eq!(r.status.as_u16(), want, "backend {code}: {}", r.body);
+        assert!(r.body.contains("backend default"), "{}", r.body);
         if want == 400 {
             assert!(
                 r.body.contains("backend says no"),
@@ -119,13 +135,18 @@ async fn bad_input_gets_clear_4xx() {
     // Snappy, but not protobuf.
     let r = post(&p.url(), compress(b"\x0a\xff\xff\xff\x0f"), RW_HEADERS).await;
     assert_eq!(r.status, 400, "{}", r.body);
-    // Declared decoded length over the limit: 413 before allocating.
+    // A declared length no body of this size can produce: 400 before allocating.
     let r = post(
         &p.url(),
         vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x00],
         RW_HEADERS,
     )
     .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    // Declared decoded length over the limit (and producible): 413 before allocating.
+    let mut body = vec![0xc0, 0x88, 0x3d]; // declares 1,000,512 bytes
+    body.resize(60_000, 0);
+    let r = post(&p.url(), body, RW_HEADERS).await;
     assert_eq!(r.status, 413, "{}", r.body);
     // Compressed body over the limit.
     let r = post(&p.url(), vec![0u8; 200_000], RW_HEADERS).await;
@@ -217,12 +238,24 @@ async fn ingest_auth_and_header_pass_through() {
     let mut h = RW_HEADERS.to_vec();
     h.push(("Authorization", "Bearer wrong"));
     assert_eq!(post(&p.url(), small_request(), &h).await.status, 403);
+    // The scheme name is case-insensitive (RFC 7235).
+    for scheme in ["bearer", "BEARER", "BeArEr"] {
+        let auth = format!("{scheme} s3cret");
+        let mut h = RW_HEADERS.to_vec();
+        h.push(("Authorization", &auth));
+        assert_eq!(
+            post(&p.url(), small_request(), &h).await.status,
+            204,
+            "{scheme}"
+        );
+    }
     let mut h = RW_HEADERS.to_vec();
     h.push(("Authorization", "Bearer s3cret"));
     h.push(("X-Trace", "abc"));
     h.push(("X-Scope-OrgID", "sender-tenant"));
     assert_eq!(post(&p.url(), small_request(), &h).await.status, 204);
-    let (hdrs, _) = &rec.requests()[0];
+    let reqs = rec.requests();
+    let (hdrs, _) = reqs.last().unwrap();
     assert_eq!(
         hdrs["x-scope-orgid"], "tenant-a",
         "configured header wins, sender's is not passed"

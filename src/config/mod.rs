@@ -55,6 +55,8 @@ pub struct Config {
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
     pub packs: PacksConfig,
@@ -147,6 +149,39 @@ impl Default for Limits {
     }
 }
 
+/// Connection hygiene of the listener: slow or idle clients cannot hold it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// A client must send a request's complete headers within this.
+    #[serde(deserialize_with = "de_duration")]
+    pub header_read_timeout: Duration,
+    /// A client must send a request's complete body within this once its headers are in
+    /// (`408` otherwise).
+    #[serde(deserialize_with = "de_duration")]
+    pub body_read_timeout: Duration,
+    /// A keep-alive connection with no request for this long is closed.
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_timeout: Duration,
+    /// Open connections at most; beyond it new ones wait in the listen backlog. Lowered
+    /// at start to stay below the process' file-descriptor limit.
+    pub max_connections: usize,
+    /// Length of the kernel's queue of connections not yet accepted.
+    pub listen_backlog: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(300),
+            max_connections: 10_000,
+            listen_backlog: 4096,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
@@ -169,18 +204,172 @@ pub struct BackendConfig {
     pub tls: TlsConfig,
 }
 
-/// A secret read from a file or an environment variable, never written inline.
-#[derive(Debug, Clone, Deserialize)]
+impl BackendConfig {
+    /// A backend with every setting at its default.
+    pub fn from_url(url: String) -> BackendConfig {
+        BackendConfig {
+            name: None,
+            url,
+            timeout: default_timeout(),
+            headers: BTreeMap::new(),
+            pass_headers: Vec::new(),
+            basic_auth: None,
+            bearer_token: None,
+            tls: TlsConfig::default(),
+        }
+    }
+
+    /// The name in promnorm's metrics and logs: `name`, else `default` for the first
+    /// backend and `backend<i>` for the others.
+    pub fn name_or_default(&self, index: usize) -> String {
+        match &self.name {
+            Some(n) => n.clone(),
+            None if index == 0 => "default".into(),
+            None => format!("backend{index}"),
+        }
+    }
+}
+
+/// Headers a sender's request cannot lend a backend request: they describe the framing
+/// of the sender's body or the sender's hop, not the re-encoded body promnorm sends.
+pub const UNPASSABLE_HEADERS: &[&str] = &[
+    "content-length",
+    "content-encoding",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "host",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "x-prometheus-remote-write-version",
+];
+
+/// Why `pass_headers` may not name `header`, if it may not.
+pub fn unpassable_header_reason(header: &str) -> Option<&'static str> {
+    let h = header.to_ascii_lowercase();
+    if h.starts_with("proxy-") || UNPASSABLE_HEADERS.contains(&h.as_str()) {
+        Some(
+            "framing, hop-by-hop and remote-write protocol headers are set by promnorm for the body it sends",
+        )
+    } else {
+        None
+    }
+}
+
+/// A backend URL as promnorm uses it: credentials written in it (`user:pass@`) are
+/// taken out, to become basic auth, so the URL can be logged and labelled safely.
+#[derive(Clone, Debug)]
+pub struct BackendUrl {
+    pub uri: http::Uri,
+    pub userinfo: Option<(String, String)>,
+}
+
+/// Parses a backend URL: `http://` or `https://` with a host. Errors never repeat
+/// credentials written in the URL.
+pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, ConfigError> {
+    let (without_userinfo, userinfo) = split_userinfo(raw);
+    let shown = redact_url(raw);
+    let uri: http::Uri = without_userinfo
+        .parse()
+        .map_err(|e| ConfigError::Invalid(format!("backend url {shown:?}: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(ConfigError::Invalid(format!(
+            "backend url {shown:?} must be http:// or https:// with a host"
+        )));
+    }
+    let userinfo = userinfo.map(|u| {
+        let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+        (percent_decode(user), percent_decode(pass))
+    });
+    Ok(BackendUrl { uri, userinfo })
+}
+
+/// `raw` with any password written in it replaced by `<secret>`, for logs and errors.
+pub fn redact_url(raw: &str) -> String {
+    match split_userinfo(raw) {
+        (_, None) => raw.to_string(),
+        (rest, Some(u)) => {
+            let user = u.split_once(':').map_or(u, |(user, _)| user);
+            let (scheme, after) = rest.split_once("://").unwrap_or(("", rest.as_str()));
+            format!("{scheme}://{user}:<secret>@{after}")
+        }
+    }
+}
+
+/// Splits `scheme://user:pass@host/...` into the URL without `user:pass@` and it.
+fn split_userinfo(raw: &str) -> (String, Option<&str>) {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return (raw.to_string(), None);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => (format!("{scheme}://{}", &rest[at + 1..]), Some(&rest[..at])),
+        None => (raw.to_string(), None),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A secret read from a file or an environment variable, never written inline in the
+/// configuration. (A password written in a backend URL is held here too, taken out of
+/// the URL; `Debug` never shows it.)
+#[derive(Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Secret {
     #[serde(default)]
     pub file: Option<PathBuf>,
     #[serde(default)]
     pub env: Option<String>,
+    #[serde(skip)]
+    inline: Option<String>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret")
+            .field("file", &self.file)
+            .field("env", &self.env)
+            .field("inline", &self.inline.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
 }
 
 impl Secret {
+    /// A secret that came from somewhere other than the configuration file.
+    pub fn inline(value: String) -> Secret {
+        Secret {
+            file: None,
+            env: None,
+            inline: Some(value),
+        }
+    }
+
     pub fn read(&self) -> Result<String, ConfigError> {
+        if let Some(v) = &self.inline {
+            return Ok(v.clone());
+        }
         match (&self.file, &self.env) {
             (Some(f), None) => std::fs::read_to_string(f)
                 .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
@@ -371,15 +560,25 @@ impl Config {
         self.listen
             .parse::<std::net::SocketAddr>()
             .map_err(|e| ConfigError::Invalid(format!("listen {:?}: {e}", self.listen)))?;
-        for b in &self.backends {
-            let uri: http::Uri = b
-                .url
-                .parse()
-                .map_err(|e| ConfigError::Invalid(format!("backend url {:?}: {e}", b.url)))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            let name = b.name_or_default(i);
+            let url = parse_backend_url(&b.url)?;
+            if url.userinfo.is_some() && b.basic_auth.is_some() {
                 return Err(ConfigError::Invalid(format!(
-                    "backend url {:?} must be http:// or https:// with a host",
-                    b.url
+                    "backend {name}: credentials both in the URL and in basic_auth"
+                )));
+            }
+            for h in &b.pass_headers {
+                if let Some(why) = unpassable_header_reason(h) {
+                    return Err(ConfigError::Invalid(format!(
+                        "backend {name}: pass_headers may not list {h:?}: {why}"
+                    )));
+                }
+            }
+            if !names.insert(name.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "two backends are named {name:?}: their metrics would be indistinguishable"
                 )));
             }
         }

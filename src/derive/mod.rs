@@ -16,6 +16,7 @@ pub mod ranks;
 pub mod state;
 pub mod writer;
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,9 @@ use ranks::RankSumState;
 use state::SeriesState;
 
 const SHARDS: usize = 64;
+/// Recently seen series the eviction hand passes over (clearing their mark) before it
+/// evicts one anyway: eviction costs O(1) with the shard locked, never a scan.
+const EVICTION_SECOND_CHANCES: usize = 32;
 
 /// A peak chosen by exact label matchers; `None` figures give no series of that kind.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +82,9 @@ pub struct Emitted {
 #[derive(Default)]
 struct Shard {
     series: AHashMap<Arc<[u8]>, Box<SeriesState>>,
+    /// The series in insertion order: the eviction hand (CLOCK). Entries whose series
+    /// was swept are pruned by the sweep; a stale entry left over is skipped.
+    clock: VecDeque<Arc<[u8]>>,
     rank_sums: AHashMap<Arc<[u8]>, Box<RankSumState>>,
     queue: Vec<Emitted>,
 }
@@ -224,11 +231,13 @@ impl Deriver {
                 0.0
             };
             if self.series_count.load(Ordering::Relaxed) >= self.max_series {
-                self.evict_least_recent(shard);
+                self.evict_one(shard);
             }
+            let labels: Arc<[u8]> = Arc::from(key);
+            shard.clock.push_back(labels.clone());
             shard
                 .series
-                .insert(Arc::from(key), Box::new(SeriesState::new(di, peak, now_s)));
+                .insert(labels, Box::new(SeriesState::new(di, peak, now_s)));
             self.series_count.fetch_add(1, Ordering::Relaxed);
         }
         let Some(labels) = shard.series.get_key_value(key).map(|(k, _)| k.clone()) else {
@@ -238,6 +247,7 @@ impl Deriver {
             return;
         };
         state.last_seen_s = now_s;
+        state.referenced = true;
         let mut incomplete = 0;
         for smp in t.samples() {
             if let Some((ts, bits)) = state.observe(
@@ -355,16 +365,29 @@ impl Deriver {
             })
     }
 
-    fn evict_least_recent(&self, shard: &mut Shard) {
-        let victim = shard
-            .series
-            .iter()
-            .min_by_key(|(_, s)| s.last_seen_s)
-            .map(|(k, _)| k.clone());
-        if let Some(k) = victim {
-            shard.series.remove(&k);
+    /// Evicts one series of the shard, approximately the least recently seen one
+    /// (CLOCK): the hand gives up to [`EVICTION_SECOND_CHANCES`] series seen since it
+    /// last passed another round, then evicts.
+    fn evict_one(&self, shard: &mut Shard) {
+        let mut chances = EVICTION_SECOND_CHANCES;
+        while let Some(key) = shard.clock.pop_front() {
+            let live = shard
+                .series
+                .get_key_value(&*key)
+                .is_some_and(|(k, _)| Arc::ptr_eq(k, &key));
+            let Some(state) = shard.series.get_mut(&*key).filter(|_| live) else {
+                continue; // swept already
+            };
+            if state.referenced && chances > 0 {
+                state.referenced = false;
+                chances -= 1;
+                shard.clock.push_back(key);
+                continue;
+            }
+            shard.series.remove(&*key);
             self.series_count.fetch_sub(1, Ordering::Relaxed);
             self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+            return;
         }
     }
 
@@ -384,10 +407,19 @@ impl Deriver {
         for shard in self.shards.iter() {
             if let Ok(mut s) = shard.lock() {
                 let before = s.series.len() + s.rank_sums.len();
-                s.series
-                    .retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
-                s.rank_sums
-                    .retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                let Shard {
+                    series,
+                    rank_sums,
+                    clock,
+                    ..
+                } = &mut *s;
+                series.retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                rank_sums.retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                clock.retain(|k| {
+                    series
+                        .get_key_value(k)
+                        .is_some_and(|(m, _)| Arc::ptr_eq(m, k))
+                });
                 let gone = before - s.series.len() - s.rank_sums.len();
                 if gone > 0 {
                     self.series_count.fetch_sub(gone, Ordering::Relaxed);

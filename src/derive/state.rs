@@ -115,6 +115,8 @@ pub struct SeriesState {
     pub last_seen_s: u32,
     last_emitted: i64,
     stale: bool,
+    /// Seen since the eviction hand last passed (CLOCK's second chance).
+    pub referenced: bool,
     /// Inputs ever seen (bit per slot): while one never showed up (an engine version
     /// without that counter), few half points are kept.
     seen: u8,
@@ -133,6 +135,7 @@ impl SeriesState {
             last_seen_s: now_s,
             last_emitted: EMPTY,
             stale: false,
+            referenced: false,
             seen: 0,
             pending: PendingList::default(),
             last: None,

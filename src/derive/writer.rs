@@ -115,17 +115,12 @@ impl Writer {
         let mut backoff = self.backoff_base;
         for attempt in 1..=MAX_ATTEMPTS {
             let outcome = sink.send(body.clone(), &headers).await;
-            let retryable = match &outcome {
-                Outcome::Delivered => {
-                    metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
-                        .increment(samples as u64);
-                    return;
-                }
-                Outcome::Rejected { status, .. } => {
-                    status.is_server_error() || status.as_u16() == 429
-                }
-                Outcome::Timeout | Outcome::Unreachable(_) => true,
-            };
+            if matches!(outcome, Outcome::Delivered) {
+                metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
+                    .increment(samples as u64);
+                return;
+            }
+            let retryable = outcome.is_retryable();
             if !retryable {
                 tracing::warn!(
                     backend = sink.name(),

@@ -1,5 +1,6 @@
 //! A remote-write 1.0 backend reached over HTTP(S) with a pooled hyper client.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{BackendSettings, Outcome, SendFuture, Sink};
+use super::{BackendSettings, Outcome, OutcomeClass, SendFuture, Sink};
 use crate::config::{BackendConfig, ConfigError};
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
@@ -21,21 +22,15 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Byte
 pub struct HttpBackend {
     settings: BackendSettings,
     client: HttpsClient,
+    /// The backend's last answer said promnorm's credentials or URL are wrong.
+    misconfigured: AtomicBool,
 }
 
 impl HttpBackend {
     pub fn from_config(cfg: &BackendConfig, index: usize) -> Result<HttpBackend, ConfigError> {
-        let url: http::Uri = cfg
-            .url
-            .parse()
-            .map_err(|e| ConfigError::Invalid(format!("backend url {:?}: {e}", cfg.url)))?;
-        let name = cfg.name.clone().unwrap_or_else(|| {
-            if index == 0 {
-                "default".into()
-            } else {
-                format!("backend{index}")
-            }
-        });
+        let parsed = crate::config::parse_backend_url(&cfg.url)?;
+        let url = parsed.uri;
+        let name = cfg.name_or_default(index);
         let mut headers = HeaderMap::new();
         for (k, v) in &cfg.headers {
             let k: HeaderName = k.parse().map_err(|_| {
@@ -46,9 +41,19 @@ impl HttpBackend {
             })?;
             headers.insert(k, v);
         }
-        if let Some(b) = &cfg.basic_auth {
-            let password = b.password.read()?;
-            let token = base64_encode(format!("{}:{password}", b.username).as_bytes());
+        // Credentials written in the URL become basic auth: the URL itself is then safe
+        // to log, and hyper never sees them.
+        let url_auth = parsed
+            .userinfo
+            .map(|(user, pass)| (user, crate::config::Secret::inline(pass)));
+        let basic = cfg
+            .basic_auth
+            .as_ref()
+            .map(|b| (b.username.clone(), b.password.clone()))
+            .or(url_auth);
+        if let Some((username, password)) = &basic {
+            let password = password.read()?;
+            let token = base64_encode(format!("{username}:{password}").as_bytes());
             headers.insert(AUTHORIZATION, secret_header(&format!("Basic {token}"))?);
         }
         if let Some(t) = &cfg.bearer_token {
@@ -90,7 +95,33 @@ impl HttpBackend {
                 pass_headers,
             },
             client,
+            misconfigured: AtomicBool::new(false),
         })
+    }
+
+    /// Tracks answers that blame promnorm's configuration: an alertable gauge, and one
+    /// loud log line when it starts and one when it ends.
+    fn note_configuration_state(&self, outcome: &Outcome) {
+        let class = outcome.class();
+        let refused = class == OutcomeClass::Misconfigured;
+        if class != OutcomeClass::Delivered && !refused {
+            return;
+        }
+        metrics::gauge!("promnorm_backend_misconfigured", "backend" => self.settings.name.clone())
+            .set(if refused { 1.0 } else { 0.0 });
+        let was = self.misconfigured.swap(refused, Ordering::Relaxed);
+        if refused && !was {
+            if let Outcome::Rejected { status, reason, .. } = outcome {
+                tracing::error!(
+                    backend = %self.settings.name,
+                    status = status.as_u16(),
+                    %reason,
+                    "backend refuses promnorm's credentials or URL; senders are asked to retry until the configuration is fixed"
+                );
+            }
+        } else if !refused && was {
+            tracing::info!(backend = %self.settings.name, "backend accepts promnorm's requests again");
+        }
     }
 
     fn build_request(
@@ -175,6 +206,7 @@ impl HttpBackend {
         };
         metrics::counter!("promnorm_backend_requests_total", "backend" => name, "code" => code)
             .increment(1);
+        self.note_configuration_state(&outcome);
         outcome
     }
 }

@@ -97,73 +97,115 @@ async fn join_all<'a>(futs: impl Iterator<Item = SendFuture<'a>>) -> Vec<Outcome
     handles.into_iter().filter_map(|(_, o)| o).collect()
 }
 
-/// Combines per-backend outcomes: anything retryable wins (the sender must retry so the
-/// failed backend gets the data), then 429, then a permanent 4xx, else success.
-pub fn verdict(outcomes: &[Outcome]) -> Verdict {
+/// What a backend's answer means for the data (docs/wire.md, "Backend answers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeClass {
+    Delivered,
+    /// 5xx, 408, a timeout or a broken connection: try again later.
+    Unavailable,
+    /// 429: the backend asks us to slow down.
+    Throttled,
+    /// 401, 403, 404, 405, 407: promnorm's own credentials or URL are wrong. Not the
+    /// data's fault, so the data must be kept (retried) until the operator fixes it.
+    Misconfigured,
+    /// Any other 4xx (400, 409, 422, …): this data can never succeed.
+    DataRejected,
+}
+
+impl Outcome {
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            Outcome::Delivered => OutcomeClass::Delivered,
+            Outcome::Timeout | Outcome::Unreachable(_) => OutcomeClass::Unavailable,
+            Outcome::Rejected { status, .. } => classify_status(*status),
+        }
+    }
+
+    /// True when sending the same data again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.class(),
+            OutcomeClass::Unavailable | OutcomeClass::Throttled | OutcomeClass::Misconfigured
+        )
+    }
+}
+
+/// The class of a backend's HTTP status.
+pub fn classify_status(status: StatusCode) -> OutcomeClass {
+    match status.as_u16() {
+        200..=299 => OutcomeClass::Delivered,
+        429 => OutcomeClass::Throttled,
+        401 | 403 | 404 | 405 | 407 => OutcomeClass::Misconfigured,
+        408 => OutcomeClass::Unavailable,
+        400..=499 => OutcomeClass::DataRejected,
+        // 5xx, and 1xx/3xx, which are no delivery either.
+        _ => OutcomeClass::Unavailable,
+    }
+}
+
+/// Combines per-backend outcomes (backend name, outcome): anything retryable wins (the
+/// sender must retry so the failed backend gets the data), then 429, then a permanent
+/// 4xx, else success.
+pub fn verdict<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -> Verdict {
     let mut best: Option<(u8, Verdict)> = None;
-    for o in outcomes {
-        let (rank, v) = match o {
-            Outcome::Delivered => continue,
-            Outcome::Timeout => (
+    for (backend, o) in outcomes {
+        let retry_after = match o {
+            Outcome::Rejected { retry_after, .. } => retry_after.clone(),
+            _ => None,
+        };
+        let (rank, status, reason) = match (o, o.class()) {
+            (_, OutcomeClass::Delivered) => continue,
+            (Outcome::Timeout, _) => (
                 4,
-                Verdict {
-                    status: StatusCode::GATEWAY_TIMEOUT,
-                    retry_after: None,
-                    reason: "backend timed out".into(),
-                },
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("backend {backend} timed out"),
             ),
-            Outcome::Unreachable(e) => (
+            (Outcome::Unreachable(e), _) => (
                 4,
-                Verdict {
-                    status: StatusCode::BAD_GATEWAY,
-                    retry_after: None,
-                    reason: format!("backend unreachable: {e}"),
-                },
+                StatusCode::BAD_GATEWAY,
+                format!("backend {backend} unreachable: {e}"),
             ),
-            Outcome::Rejected {
-                status,
-                retry_after,
-                reason,
-            } if status.is_server_error() => (
+            (Outcome::Rejected { status, reason, .. }, OutcomeClass::Misconfigured) => (
                 4,
-                Verdict {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    retry_after: retry_after.clone(),
-                    reason: format!("backend answered {}: {reason}", status.as_u16()),
-                },
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "backend {backend} refused promnorm ({}): {reason}; check its credentials and URL in promnorm's configuration",
+                    status.as_u16()
+                ),
             ),
-            Outcome::Rejected {
-                status,
-                retry_after,
-                reason,
-            } if *status == StatusCode::TOO_MANY_REQUESTS => (
+            (Outcome::Rejected { status, reason, .. }, OutcomeClass::Unavailable) => (
+                4,
+                if status.is_server_error() {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::BAD_GATEWAY
+                },
+                format!("backend {backend} answered {}: {reason}", status.as_u16()),
+            ),
+            (Outcome::Rejected { reason, .. }, OutcomeClass::Throttled) => (
                 3,
-                Verdict {
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    retry_after: retry_after.clone(),
-                    reason: format!("backend throttled: {reason}"),
-                },
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("backend {backend} throttled: {reason}"),
             ),
-            Outcome::Rejected { status, reason, .. } if status.is_client_error() => (
+            (Outcome::Rejected { status, reason, .. }, _) => (
                 2,
-                Verdict {
-                    status: StatusCode::BAD_REQUEST,
-                    retry_after: None,
-                    reason: format!("backend rejected the data ({}): {reason}", status.as_u16()),
-                },
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "backend {backend} rejected the data ({}): {reason}",
+                    status.as_u16()
+                ),
             ),
-            // 1xx/3xx: not a delivery; retryable.
-            Outcome::Rejected { status, reason, .. } => (
-                4,
-                Verdict {
-                    status: StatusCode::BAD_GATEWAY,
-                    retry_after: None,
-                    reason: format!("unexpected backend status {}: {reason}", status.as_u16()),
-                },
-            ),
+            (Outcome::Delivered, _) => continue,
         };
         if best.as_ref().is_none_or(|(r, _)| rank > *r) {
-            best = Some((rank, v));
+            best = Some((
+                rank,
+                Verdict {
+                    status,
+                    retry_after,
+                    reason,
+                },
+            ));
         }
     }
     best.map(|(_, v)| v).unwrap_or(Verdict {
@@ -195,45 +237,51 @@ mod tests {
         }
     }
 
+    fn v(outcomes: &[Outcome]) -> Verdict {
+        verdict(outcomes.iter().map(|o| ("b", o)))
+    }
+
     #[test]
     fn status_mapping() {
+        assert_eq!(v(&[Outcome::Delivered]).status, StatusCode::NO_CONTENT);
+        assert_eq!(v(&[]).status, StatusCode::NO_CONTENT);
+        assert_eq!(v(&[rejected(500)]).status, StatusCode::SERVICE_UNAVAILABLE);
+        for data_error in [400, 409, 413, 422] {
+            assert_eq!(v(&[rejected(data_error)]).status, StatusCode::BAD_REQUEST);
+        }
+        let r = v(&[rejected(429)]);
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.retry_after.unwrap(), "7");
+        assert_eq!(v(&[Outcome::Timeout]).status, StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(
-            verdict(&[Outcome::Delivered]).status,
-            StatusCode::NO_CONTENT
-        );
-        assert_eq!(verdict(&[]).status, StatusCode::NO_CONTENT);
-        assert_eq!(
-            verdict(&[rejected(500)]).status,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(verdict(&[rejected(400)]).status, StatusCode::BAD_REQUEST);
-        assert_eq!(verdict(&[rejected(404)]).status, StatusCode::BAD_REQUEST);
-        let v = verdict(&[rejected(429)]);
-        assert_eq!(v.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(v.retry_after.unwrap(), "7");
-        assert_eq!(
-            verdict(&[Outcome::Timeout]).status,
-            StatusCode::GATEWAY_TIMEOUT
-        );
-        assert_eq!(
-            verdict(&[Outcome::Unreachable("x".into())]).status,
+            v(&[Outcome::Unreachable("x".into())]).status,
             StatusCode::BAD_GATEWAY
         );
         // One backend fine, one down: the sender must retry.
         assert!(
-            verdict(&[Outcome::Delivered, rejected(503)])
+            v(&[Outcome::Delivered, rejected(503)])
                 .status
                 .is_server_error()
         );
         // Retryable beats permanent.
-        assert!(
-            verdict(&[rejected(400), rejected(502)])
-                .status
-                .is_server_error()
-        );
+        assert!(v(&[rejected(400), rejected(502)]).status.is_server_error());
         assert_eq!(
-            verdict(&[rejected(400), rejected(429)]).status,
+            v(&[rejected(400), rejected(429)]).status,
             StatusCode::TOO_MANY_REQUESTS
         );
+    }
+
+    #[test]
+    fn promnorms_own_misconfiguration_is_retryable_and_names_the_backend() {
+        for code in [401, 403, 404, 405, 407] {
+            let o = rejected(code);
+            assert!(o.is_retryable(), "{code}");
+            let r = verdict([("mimir", &o)]);
+            assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+            assert!(r.reason.contains("backend mimir"), "{}", r.reason);
+        }
+        assert!(!rejected(400).is_retryable());
+        assert!(rejected(408).is_retryable());
+        assert!(Outcome::Timeout.is_retryable());
     }
 }

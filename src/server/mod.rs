@@ -1,5 +1,7 @@
 //! The HTTP server: remote-write ingest, own telemetry, health and readiness.
 
+pub mod listener;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +36,9 @@ pub struct AppState {
     pub ingest_token: Option<String>,
     pub metrics: PrometheusHandle,
     pub ready: AtomicBool,
+    pub connection_limits: listener::ConnectionLimits,
+    /// A request's body must arrive within this once its headers are in.
+    pub body_read_timeout: Duration,
 }
 
 impl AppState {
@@ -73,6 +78,12 @@ impl AppState {
             ingest_token,
             metrics: telemetry::metrics_handle(),
             ready: AtomicBool::new(true),
+            connection_limits: listener::ConnectionLimits {
+                header_read_timeout: cfg.server.header_read_timeout,
+                idle_timeout: cfg.server.idle_timeout,
+                max_connections: cfg.server.max_connections,
+            },
+            body_read_timeout: cfg.server.body_read_timeout,
         })
     }
 }
@@ -219,19 +230,26 @@ fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match given.and_then(|g| g.strip_prefix("Bearer ")) {
+    match given.and_then(bearer_credentials) {
         None => Err(Box::new(answer(
             StatusCode::UNAUTHORIZED,
             "missing bearer token",
             None,
         ))),
-        Some(g) if constant_time_eq(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(Box::new(answer(
             StatusCode::FORBIDDEN,
             "invalid bearer token",
             None,
         ))),
     }
+}
+
+/// The credentials of an `Authorization: Bearer …` header; the scheme name is
+/// case-insensitive (RFC 7235 §2.1).
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -260,7 +278,22 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) 
             None,
         );
     }
-    let body = match Limited::new(body, st.max_body_bytes).collect().await {
+    let collected = tokio::time::timeout(
+        st.body_read_timeout,
+        Limited::new(body, st.max_body_bytes).collect(),
+    )
+    .await;
+    let Ok(collected) = collected else {
+        return answer(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "request body not received within {:?} (server.body_read_timeout)",
+                st.body_read_timeout
+            ),
+            None,
+        );
+    };
+    let body = match collected {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return answer(
@@ -311,7 +344,7 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) 
                 .increment(forwarded_samples);
         }
     }
-    let v = verdict(&outcomes);
+    let v = verdict(st.forwarder.sinks().map(|s| s.name()).zip(&outcomes));
     if !v.status.is_success() {
         tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
     }
@@ -319,31 +352,21 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) 
 }
 
 /// Runs the server on `listener` until `shutdown` resolves, then drains in-flight
-/// requests for at most `drain_timeout`.
+/// requests for at most `drain_timeout`. `/-/ready` turns false as soon as shutdown
+/// begins, so a load balancer stops sending while requests drain.
 pub async fn run(
     listener: TcpListener,
+    state: Arc<AppState>,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     drain_timeout: Duration,
 ) -> std::io::Result<()> {
-    let notify = Arc::new(Notify::new());
-    let n2 = notify.clone();
-    let graceful = async move {
+    let limits = state.connection_limits.clone();
+    let shutdown = async move {
         shutdown.await;
-        n2.notify_waiters();
+        state.ready.store(false, Ordering::Relaxed);
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-    let deadline = async {
-        notify.notified().await;
-        tokio::time::sleep(drain_timeout).await;
-    };
-    tokio::select! {
-        r = server => r,
-        _ = deadline => {
-            tracing::warn!("shutdown deadline reached with requests still in flight");
-            Ok(())
-        }
-    }
+    listener::serve_connections(listener, app, limits, shutdown, drain_timeout).await
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -371,20 +394,43 @@ pub async fn shutdown_signal() {
 
 /// `promnorm serve`.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let state = Arc::new(AppState::from_config(&cfg)?);
+    let mut state = Arc::new(AppState::from_config(&cfg)?);
     let addr: SocketAddr = cfg.listen.parse()?;
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = listener::bind(addr, cfg.server.listen_backlog)
         .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
+    if let Some(fit) = listener::connections_allowed_by_fd_limit()
+        && fit < cfg.server.max_connections
+    {
+        tracing::warn!(
+            configured = cfg.server.max_connections,
+            allowed = fit,
+            "server.max_connections lowered to stay below the open-file limit"
+        );
+        if let Some(st) = Arc::get_mut(&mut state) {
+            st.connection_limits.max_connections = fit;
+        }
+    }
     tracing::info!(
         listen = %addr,
-        backends = ?cfg.backends.iter().map(|b| b.url.as_str()).collect::<Vec<_>>(),
+        backends = ?cfg
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
+            .collect::<Vec<_>>(),
         packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
         "promnorm serving"
     );
     let background = state.spawn_background();
     let app = router(state.clone(), &cfg.write_paths);
-    run(listener, app, shutdown_signal(), cfg.shutdown_timeout).await?;
+    run(
+        listener,
+        state.clone(),
+        app,
+        shutdown_signal(),
+        cfg.shutdown_timeout,
+    )
+    .await?;
     state
         .stop_background(background, cfg.shutdown_timeout)
         .await;

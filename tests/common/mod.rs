@@ -158,6 +158,7 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
     let done = tokio::spawn(async move {
         let r = run(
             listener,
+            state.clone(),
             app,
             async move {
                 let _ = rx.await;

@@ -1,0 +1,459 @@
+//! Regression tests for defects found under adversarial testing: lying snappy headers,
+//! slow and idle clients, credentials in URLs, unpassable headers, and the derived-state
+//! limit. The first and the secret test run the real binary; the others run in process.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use promnorm::wire::proto::prometheus as pb;
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 POST on a fresh connection; returns the status and the body text.
+fn raw_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+struct Served {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Served {
+    fn start(config_yaml: &str, env: &[(&str, &str)]) -> Served {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("promnorm-adv-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("promnorm.yaml");
+        std::fs::write(&cfg, format!("listen: 127.0.0.1:{port}\n{config_yaml}")).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promnorm"));
+        cmd.args(["serve", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn promnorm");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "promnorm did not start listening"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Served { child, addr }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Stops the process and returns everything it logged.
+    fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let out = self.child.wait_with_output().expect("wait");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+/// Snappy's header declares 256 MiB - 1 (just under `max_decoded_bytes`), the body is
+/// one more byte: no snappy block of one byte can produce that.
+fn lying_body() -> Vec<u8> {
+    vec![0xff, 0xff, 0xff, 0x7f, 0x00]
+}
+
+#[test]
+fn declared_huge_bodies_neither_allocate_nor_pin_memory() {
+    let served = Served::start(
+        &format!(
+            "backends:\n  - url: http://127.0.0.1:{}/api/v1/write\n",
+            free_port()
+        ),
+        &[],
+    );
+    // Warm up with a few of them, so the runtime's own first-use allocations are in.
+    for _ in 0..4 {
+        let (code, _) = raw_post(served.addr, "/api/v1/write", RW_HEADERS, &lying_body());
+        assert_eq!(code, 400);
+    }
+    let idle = served.rss_kib();
+    let addr = served.addr;
+    let threads: Vec<_> = (0..50)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..4 {
+                    let (code, body) = raw_post(addr, "/api/v1/write", RW_HEADERS, &lying_body());
+                    assert_eq!(code, 400, "{body}");
+                    assert!(body.contains("more than"), "{body}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let after = served.rss_kib();
+    served.stop();
+    println!(
+        "RSS idle {idle} KiB, after 200 declared-huge requests {after} KiB (+{} KiB)",
+        after.saturating_sub(idle)
+    );
+    assert!(
+        after < idle + 16 * 1024,
+        "RSS grew from {idle} KiB to {after} KiB"
+    );
+}
+
+/// A backend that answers 204 and records each request's Authorization header.
+fn recording_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let seen = seen2.clone();
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // Read one request: headers, then Content-Length bytes of body.
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match conn.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let orig = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    if let Some(auth) = orig
+                        .lines()
+                        .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                    {
+                        seen.lock().unwrap().push(auth[14..].trim().to_string());
+                    }
+                    buf.drain(..end + 4 + len);
+                    if conn.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn credentials_in_a_backend_url_never_reach_the_logs() {
+    const SECRET: &str = "Sup3rS3cretPassw0rd";
+    let (backend, auth_seen) = recording_backend();
+    let url = format!("http://alice:{SECRET}@{backend}/api/v1/write");
+    let served = Served::start(
+        &format!("backends:\n  - url: {url}\n"),
+        &[("RUST_LOG", "trace")],
+    );
+    let req = pb::WriteRequest {
+        timeseries: vec![series(&[("__name__", "up"), ("job", "x")], &[(1.0, 1000)])],
+        ..Default::default()
+    };
+    let (code, body) = raw_post(served.addr, "/api/v1/write", RW_HEADERS, &encode(&req));
+    assert_eq!(code, 204, "{body}");
+    let (code, body) = raw_post(served.addr, "/api/v1/write", RW_HEADERS, b"garbage");
+    assert_eq!(code, 400, "{body}");
+    let logs = served.stop();
+    assert!(logs.contains("TRACE"), "trace logging was on: {logs}");
+    assert!(!logs.contains(SECRET), "the password leaked into the logs");
+    assert!(
+        logs.contains("alice:<secret>@"),
+        "the URL is logged redacted"
+    );
+    // The credentials still work: they became basic auth.
+    let seen = auth_seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let expected = format!("alice:{SECRET}");
+    assert_eq!(
+        seen[0],
+        format!("Basic {}", base64(expected.as_bytes())),
+        "basic auth from the URL"
+    );
+
+    // Errors about such a URL do not repeat the password either.
+    let dir = std::env::temp_dir().join(format!("promnorm-adv-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad-url.yaml");
+    std::fs::write(
+        &cfg,
+        format!("listen: 127.0.0.1:1\nbackends:\n  - url: ftp://alice:{SECRET}@host/x\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+        .arg("check-config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("ftp://alice:<secret>@host/x"), "{err}");
+    assert!(!err.contains(SECRET), "{err}");
+}
+
+fn base64(input: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn framing_and_hop_by_hop_headers_cannot_be_passed_through() {
+    for header in [
+        "Content-Length",
+        "content-encoding",
+        "Transfer-Encoding",
+        "Host",
+        "Proxy-Authorization",
+        "Connection",
+    ] {
+        let yaml = format!(
+            "listen: 127.0.0.1:9201\nbackends:\n  - url: http://127.0.0.1:9/api/v1/write\n    pass_headers: [{header}]\n"
+        );
+        let cfg = promnorm::config::Config::parse(&yaml, "t.yaml").unwrap();
+        let err = cfg.validate().expect_err("refused").to_string();
+        assert!(err.contains("pass_headers"), "{header}: {err}");
+        assert!(err.contains(header), "{header}: {err}");
+    }
+    // What users legitimately pass still passes.
+    let yaml = "listen: 127.0.0.1:9201\nbackends:\n  - url: http://127.0.0.1:9/api/v1/write\n    pass_headers: [X-Scope-OrgID, Authorization]\n";
+    promnorm::config::Config::parse(yaml, "t.yaml")
+        .unwrap()
+        .validate()
+        .unwrap();
+}
+
+/// Opens a connection and sends half of a request's headers.
+async fn half_sent_headers(addr: SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    s
+}
+
+/// Waits until the server closes `s` (EOF or reset); `None` if it is still open then.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at((started + within).into(), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => continue, // e.g. a 408 answer before the close
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_connections_are_closed() {
+    let (b, _) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(
+        &[b],
+        "server:\n  header_read_timeout: 1s\n  idle_timeout: 2s\n  body_read_timeout: 1s\n",
+    )
+    .await;
+    // Half-sent headers: closed after the header deadline.
+    let mut slow = half_sent_headers(p.addr).await;
+    let t = closed_within(&mut slow, Duration::from_secs(10))
+        .await
+        .expect("a connection with half-sent headers must be closed");
+    assert!(t >= Duration::from_millis(900), "closed too early: {t:?}");
+
+    // A keep-alive connection that goes quiet after one request: closed when idle.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = encode(&pb::WriteRequest {
+        timeseries: vec![series(&[("__name__", "up")], &[(1.0, 1000)])],
+        ..Default::default()
+    });
+    let mut ka = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Encoding: snappy\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    ka.write_all(head.as_bytes()).await.unwrap();
+    ka.write_all(&body).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = ka.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 204"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let t = closed_within(&mut ka, Duration::from_secs(10))
+        .await
+        .expect("an idle keep-alive connection must be closed");
+    assert!(t >= Duration::from_millis(1500), "closed too early: {t:?}");
+
+    // Headers complete, body trickles: 408 after the body deadline.
+    let mut trickle = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    trickle
+        .write_all(b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Encoding: snappy\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), trickle.read(&mut buf))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn senders_are_served_during_a_slow_loris_run() {
+    promnorm::server::listener::connections_allowed_by_fd_limit();
+    let (b, _) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(&[b], "server:\n  header_read_timeout: 30s\n").await;
+    // 2,000 connections that trickle header bytes, one every 200 ms.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loris = Vec::new();
+    for _ in 0..2000 {
+        let mut s = half_sent_headers(p.addr).await;
+        let stop = stop.clone();
+        loris.push(tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(b"X").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+    let body = encode(&pb::WriteRequest {
+        timeseries: vec![series(&[("__name__", "up")], &[(1.0, 1000)])],
+        ..Default::default()
+    });
+    let mut latencies = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        let r = post(&p.url(), body.clone(), RW_HEADERS).await;
+        latencies.push(started.elapsed());
+        assert_eq!(r.status, 204, "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in loris {
+        let _ = l.await;
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let max = latencies[latencies.len() - 1];
+    println!("normal sender during 2,000 slow-loris connections: median {median:?}, max {max:?}");
+    assert!(median < Duration::from_millis(100), "median {median:?}");
+}
+
+#[test]
+fn connections_beyond_the_limit_wait_in_the_backlog() {
+    let served = Served::start(
+        &format!(
+            "server:\n  max_connections: 20\n  header_read_timeout: 3s\nbackends:\n  - url: http://127.0.0.1:{}/api/v1/write\n",
+            free_port()
+        ),
+        &[],
+    );
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", served.child.id()))
+            .unwrap()
+            .count()
+    };
+    let before = fds();
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        let mut s = TcpStream::connect(served.addr).unwrap();
+        s.write_all(b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fds();
+    drop(held);
+    served.stop();
+    println!("descriptors: {before} before, {during} with 60 slow connections (limit 20)");
+    assert!(
+        during <= before + 20,
+        "{during} descriptors with 60 connections held (before: {before}, limit 20)"
+    );
+}
