@@ -59,9 +59,7 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
         return;
     }
     let raws = decompress(bodies);
-    let limits = DecodeLimits {
-        max_series: 1_000_000,
-    };
+    let limits = DecodeLimits::default();
     let samples = {
         let mut d = DecodedRequest::default();
         d.decode(&raws[0], limits).expect("valid payload");

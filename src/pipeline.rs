@@ -11,14 +11,14 @@ use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 #[derive(Clone, Copy, Debug)]
 pub struct PipelineLimits {
     pub max_decoded_bytes: usize,
-    pub max_series: usize,
+    pub decode: DecodeLimits,
 }
 
 impl Default for PipelineLimits {
     fn default() -> Self {
         PipelineLimits {
             max_decoded_bytes: 256 << 20,
-            max_series: 1_000_000,
+            decode: DecodeLimits::default(),
         }
     }
 }
@@ -156,12 +156,7 @@ impl Pipeline {
 
     fn run(&self, ws: &mut Workspace) -> Result<Processed, DecodeError> {
         let input = &ws.raw[..ws.raw_len];
-        ws.decoded.decode(
-            input,
-            DecodeLimits {
-                max_series: self.limits.max_series,
-            },
-        )?;
+        ws.decoded.decode(input, self.limits.decode)?;
         ws.encoded.clear();
         let ctx = MapContext {
             taps: self.deriver.as_ref().map(|d| d.taps()),

@@ -148,6 +148,28 @@ async fn bad_input_gets_clear_4xx() {
     body.resize(60_000, 0);
     let r = post(&p.url(), body, RW_HEADERS).await;
     assert_eq!(r.status, 413, "{}", r.body);
+    // A label value or a label count over the limits: 400 with the reason.
+    let huge_value = "x".repeat(70_000);
+    let req = pb::WriteRequest {
+        timeseries: vec![series(
+            &[("__name__", "up"), ("big", &huge_value)],
+            &[(1.0, 1)],
+        )],
+        ..Default::default()
+    };
+    let r = post(&p.url(), encode(&req), RW_HEADERS).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("max_label_value_bytes"), "{}", r.body);
+    let names: Vec<String> = (0..1001).map(|i| format!("l{i:04}")).collect();
+    let mut labels: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+    labels.push(("__name__", "up"));
+    let req = pb::WriteRequest {
+        timeseries: vec![series(&labels, &[(1.0, 1)])],
+        ..Default::default()
+    };
+    let r = post(&p.url(), encode(&req), RW_HEADERS).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("max_labels_per_series"), "{}", r.body);
     // Compressed body over the limit.
     let r = post(&p.url(), vec![0u8; 200_000], RW_HEADERS).await;
     assert_eq!(r.status, 413, "{}", r.body);

@@ -134,9 +134,18 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
+    /// Larger compressed bodies get `413`.
     pub max_body_bytes: usize,
+    /// A body whose snappy header declares more decoded bytes gets `413`, before
+    /// anything is allocated.
     pub max_decoded_bytes: usize,
+    /// More series in one request gets `413`.
     pub max_series_per_request: usize,
+    /// A series with more labels gets the request `400` (receivers such as Mimir would
+    /// reject the whole batch).
+    pub max_labels_per_series: usize,
+    /// A label value longer than this gets the request `400`.
+    pub max_label_value_bytes: usize,
 }
 
 impl Default for Limits {
@@ -145,6 +154,8 @@ impl Default for Limits {
             max_body_bytes: 32 << 20,
             max_decoded_bytes: 256 << 20,
             max_series_per_request: 1_000_000,
+            max_labels_per_series: 1_000,
+            max_label_value_bytes: 64 << 10,
         }
     }
 }
@@ -660,7 +671,11 @@ impl Config {
             std::sync::Arc::new(rules),
             crate::pipeline::PipelineLimits {
                 max_decoded_bytes: self.limits.max_decoded_bytes,
-                max_series: self.limits.max_series_per_request,
+                decode: crate::wire::DecodeLimits {
+                    max_series: self.limits.max_series_per_request,
+                    max_labels_per_series: self.limits.max_labels_per_series,
+                    max_label_value_bytes: self.limits.max_label_value_bytes,
+                },
             },
         );
         let sums = p.rules().sums_over_ranks();

@@ -112,12 +112,16 @@ pub struct MetadataView {
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeLimits {
     pub max_series: usize,
+    pub max_labels_per_series: usize,
+    pub max_label_value_bytes: usize,
 }
 
 impl Default for DecodeLimits {
     fn default() -> Self {
         DecodeLimits {
             max_series: 1_000_000,
+            max_labels_per_series: 1_000,
+            max_label_value_bytes: 64 << 10,
         }
     }
 }
@@ -166,7 +170,7 @@ impl DecodedRequest {
                         return Err(DecodeError::TooManySeries(limits.max_series));
                     }
                     let (s, e) = r.len_delimited()?;
-                    self.decode_series(buf, s, e)?;
+                    self.decode_series(buf, s, e, &limits)?;
                 }
                 3 => {
                     r.expect(wire, WIRE_LEN, "WriteRequest.metadata")?;
@@ -179,7 +183,13 @@ impl DecodedRequest {
         Ok(())
     }
 
-    fn decode_series(&mut self, buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {
+    fn decode_series(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        limits: &DecodeLimits,
+    ) -> Result<(), DecodeError> {
         let labels_start = self.labels.len() as u32;
         let samples_start = self.samples.len() as u32;
         let exemplars_start = self.exemplars.len() as u32;
@@ -193,8 +203,19 @@ impl DecodedRequest {
             match field {
                 1 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.labels")?;
+                    if self.labels.len() - labels_start as usize >= limits.max_labels_per_series {
+                        return Err(DecodeError::TooManyLabels(limits.max_labels_per_series));
+                    }
                     let (s, e) = r.len_delimited()?;
                     let label = decode_label(buf, s, e)?;
+                    let value_len = (label.value.end - label.value.start) as usize;
+                    if value_len > limits.max_label_value_bytes {
+                        return Err(DecodeError::LabelValueTooLong {
+                            name: String::from_utf8_lossy(label.name.bytes(buf)).into_owned(),
+                            len: value_len,
+                            limit: limits.max_label_value_bytes,
+                        });
+                    }
                     self.labels.push(label);
                 }
                 2 => {

@@ -50,6 +50,16 @@ pub enum DecodeError {
     DuplicateLabel(String),
     #[error("series without a metric name (__name__)")]
     MissingMetricName,
+    #[error("a series has more than {0} labels (limits.max_labels_per_series)")]
+    TooManyLabels(usize),
+    #[error(
+        "label {name:?} has a value of {len} bytes, over the limit of {limit} (limits.max_label_value_bytes)"
+    )]
+    LabelValueTooLong {
+        name: String,
+        len: usize,
+        limit: usize,
+    },
 }
 
 impl DecodeError {
