@@ -16,3 +16,7 @@ pub mod telemetry;
 pub mod wire;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit this binary was built from (`unknown` outside a checkout).
+pub const REVISION: &str = env!("PROMNORM_REVISION");
+/// The rustc version this binary was built with.
+pub const RUSTC_VERSION: &str = env!("PROMNORM_RUSTC_VERSION");

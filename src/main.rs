@@ -8,7 +8,7 @@ use promnorm::config::{BackendConfig, Config, parse_duration};
 #[derive(Parser)]
 #[command(
     name = "promnorm",
-    version,
+    version = long_version(),
     about = "Prometheus remote-write proxy that normalises LLM-inference metrics"
 )]
 struct Cli {
@@ -16,43 +16,82 @@ struct Cli {
     command: Command,
 }
 
+fn long_version() -> &'static str {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (revision ",
+        env!("PROMNORM_REVISION"),
+        ", rustc ",
+        env!("PROMNORM_RUSTC_VERSION"),
+        ")"
+    )
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy (without --config: the embedded default configuration).
     Serve {
+        /// Configuration file (YAML); keys it omits keep their defaults.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Listen address, overrides the configuration.
+        /// Listen address (`host:port`, `:port`, `localhost:port`); overrides the file.
         #[arg(long)]
         listen: Option<String>,
         /// Backend remote-write URL; repeatable; replaces the configured backends.
         #[arg(long = "backend")]
         backends: Vec<String>,
+        /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or `RUST_LOG` syntax);
+        /// overrides RUST_LOG.
+        #[arg(long = "log.level")]
+        log_level: Option<String>,
+        /// Log format (`text` or `json`); overrides the file's `log_format`.
+        #[arg(long = "log.format", value_parser = ["text", "json"])]
+        log_format: Option<String>,
     },
-    /// Validate a configuration file (and the packs it enables).
-    CheckConfig { file: PathBuf },
+    /// Validate a configuration file exactly as `serve` would (secrets, TLS files,
+    /// packs); exit 1 on error.
+    CheckConfig {
+        /// Configuration file (YAML).
+        file: PathBuf,
+        /// Print the effective configuration (defaults filled in, secrets redacted).
+        #[arg(long)]
+        print: bool,
+    },
     /// Run the pipeline on text-exposition files and print the output samples.
     Normalize {
+        /// Configuration file (YAML) whose packs and derived series apply.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Time between two files (scrapes), for timestamps and derived series.
         #[arg(long, default_value = "15s")]
         interval: String,
+        /// Exposition files, one scrape each, in order (`-` or none: stdin).
         files: Vec<PathBuf>,
     },
     /// Show which rules apply to a metric name and what it becomes.
     Explain {
+        /// Configuration file (YAML) whose packs apply.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// A metric name, or a selector such as `name{label="value"}`.
         name: String,
     },
-    /// Print the version.
+    /// Print the version, the commit it was built from and the compiler.
     Version,
     /// GET a local http:// URL and exit 0 on a 2xx answer (the container HEALTHCHECK:
     /// the runtime image has no curl).
     Healthcheck {
+        /// The URL to check.
         #[arg(default_value = "http://127.0.0.1:9201/-/healthy")]
         url: String,
     },
+    /// Print a shell completion script.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
 }
 
 fn healthcheck(url: &str) -> anyhow::Result<bool> {
@@ -95,7 +134,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("promnorm: {e:#}");
+            // Our errors carry their causes in their own message: print it once.
+            eprintln!("promnorm: {e}");
             ExitCode::from(1)
         }
     }
@@ -110,17 +150,40 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Version => {
-            println!("promnorm {}", promnorm::VERSION);
+            println!(
+                "promnorm {} (revision {}, rustc {})",
+                promnorm::VERSION,
+                promnorm::REVISION,
+                promnorm::RUSTC_VERSION
+            );
         }
-        Command::CheckConfig { file } => {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "promnorm", &mut std::io::stdout());
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?;
+        }
+        Command::CheckConfig { file, print } => {
             let cfg = Config::load(&file)?;
             let rules = cfg.validate()?;
-            println!(
-                "{}: ok ({} packs, {} exact names)",
-                file.display(),
-                rules.packs().len(),
-                rules.exact_name_count()
-            );
+            // What serve builds next: backends (credentials, TLS files) and the ingest
+            // token, so a configuration check-config accepts, serve accepts.
+            promnorm::server::AppState::from_config(&cfg)?;
+            for w in cfg.warnings() {
+                eprintln!("promnorm: warning: {w}");
+            }
+            if print {
+                print!("{}", cfg.to_redacted_yaml()?);
+            } else {
+                println!(
+                    "{}: ok ({} packs, {} exact names)",
+                    file.display(),
+                    rules.packs().len(),
+                    rules.exact_name_count()
+                );
+            }
         }
         Command::Explain { config, name } => {
             let cfg = load(config.as_ref())?;
@@ -197,6 +260,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             listen,
             backends,
+            log_level,
+            log_format,
         } => {
             let mut cfg = load(config.as_ref())?;
             if let Some(l) = listen {
@@ -205,7 +270,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !backends.is_empty() {
                 cfg.backends = backends.into_iter().map(BackendConfig::from_url).collect();
             }
-            promnorm::telemetry::init_logging(cfg.log_format);
+            if let Some(f) = log_format {
+                cfg.log_format = if f == "json" {
+                    promnorm::config::LogFormat::Json
+                } else {
+                    promnorm::config::LogFormat::Text
+                };
+            }
+            promnorm::telemetry::init_logging(cfg.log_format, log_level.as_deref());
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;

@@ -1,4 +1,4 @@
-//! `promnorm normalize`: runs the proxy's pipeline on text-exposition files (SPEC 3).
+//! `promnorm normalize`: runs the proxy's pipeline on text-exposition files (docs/rules.md).
 
 use std::fmt::Write as _;
 

@@ -1,7 +1,7 @@
 //! Golden tests as data. Two shapes under `tests/golden/`:
 //! - `NAME.prom`: one scrape of text exposition, normalised with the embedded default
 //!   configuration, must equal `NAME.out` (the `dump-*` cases are the real dumps of
-//!   `shared/fixtures/exposition`);
+//!   exporters listed in docs/rules.md);
 //! - `NAME/`: several scrapes `1.prom`, `2.prom`, ... taken 15 s apart, with an optional
 //!   `config.yaml`, must equal `NAME/expected.out` (derived series need several scrapes).
 //!
@@ -101,7 +101,7 @@ fn names(out: &str) -> std::collections::BTreeSet<&str> {
         .collect()
 }
 
-/// The SPEC's renames, factors and drops on the families of the real dumps.
+/// The renames, factors and drops of docs/rules.md on the families of the real dumps.
 #[test]
 fn real_dumps_get_the_spec_treatment() {
     let dir = golden_dir();

@@ -1,5 +1,5 @@
 //! In-process integration tests: promnorm between a test sender and recording fake
-//! backends; the status mapping of SPEC 1.1/1.2.
+//! backends; the status mapping of docs/wire.md.
 
 mod common;
 
@@ -307,9 +307,20 @@ async fn telemetry_health_and_readiness() {
         "promnorm_samples_forwarded_total{backend=\"default\"}",
         "promnorm_backend_requests_total",
         "promnorm_backend_request_duration_seconds_bucket",
+        // Exist from start-up, at 0 if nothing happened yet.
+        "promnorm_series_collisions_total",
+        "promnorm_native_histograms_unscaled_total",
+        "promnorm_derived_samples_total{series=\"vllm:prefix_cache_hit_ratio\"}",
+        "promnorm_series_rescaled_total{pack=\"dcgm\"}",
+        "promnorm_build_info{",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
     ] {
         assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
     }
+    assert!(m.contains("# TYPE process_cpu_seconds_total counter"), "{m}");
 }
 
 #[tokio::test]

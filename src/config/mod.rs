@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::mapping::{GlobalOptions, PackOptions, PackSpec, Rules};
 
@@ -44,52 +44,88 @@ pub enum ConfigError {
     Rules(#[from] crate::mapping::CompileError),
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// promnorm's configuration. Every key has a default (documented on its field); a file
+/// overrides the defaults key by key, so an empty file is a valid configuration.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// Listen address: `host:port`, `:port` (every interface) or `localhost:port`.
     pub listen: String,
-    #[serde(default = "default_paths")]
+    /// Paths that accept remote-write `POST`s.
     pub write_paths: Vec<String>,
-    #[serde(default)]
+    /// `text` or `json` (logs go to stderr; `RUST_LOG` or `--log.level` set the level).
     pub log_format: LogFormat,
-    #[serde(default)]
     pub limits: Limits,
-    #[serde(default)]
     pub server: ServerConfig,
-    #[serde(default)]
+    /// Where normalised data goes. Omitted: one backend, `http://127.0.0.1:9090/api/v1/write`.
     pub backends: Vec<BackendConfig>,
-    #[serde(default)]
     pub packs: PacksConfig,
-    #[serde(default)]
+    /// Also forward the original series beside each renamed one (migration windows).
     pub keep_original: bool,
-    #[serde(default = "yes")]
+    /// Drop `*_created` series (they hold a timestamp, not a value).
     pub drop_created_series: bool,
     /// Give `_total` to series of families that metadata says are counters and that no
     /// pack knows (learnt across requests; names change once the metadata arrives).
-    #[serde(default)]
     pub metadata_total_fix: bool,
-    #[serde(default)]
+    /// Senders must present `Authorization: Bearer …`.
     pub ingest_auth: Option<IngestAuth>,
-    #[serde(default = "default_shutdown", deserialize_with = "de_duration")]
+    /// On SIGTERM/SIGINT, how long in-flight requests may finish.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub shutdown_timeout: Duration,
-    #[serde(default)]
     pub derived: DerivedConfig,
+    /// Where this configuration was read from, for error positions.
+    #[serde(skip)]
+    pub source: Option<ConfigSource>,
 }
 
-/// Derived series (SPEC 2.5).
-#[derive(Debug, Clone, Deserialize)]
+/// The file a configuration came from and its text.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    pub file: String,
+    pub text: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "0.0.0.0:9201".into(),
+            write_paths: vec!["/api/v1/write".into(), "/api/v1/push".into()],
+            log_format: LogFormat::Text,
+            limits: Limits::default(),
+            server: ServerConfig::default(),
+            backends: vec![BackendConfig {
+                name: Some("default".into()),
+                ..BackendConfig::from_url("http://127.0.0.1:9090/api/v1/write".into())
+            }],
+            packs: PacksConfig::default(),
+            keep_original: false,
+            drop_created_series: true,
+            metadata_total_fix: false,
+            ingest_auth: None,
+            shutdown_timeout: Duration::from_secs(30),
+            derived: DerivedConfig::default(),
+            source: None,
+        }
+    }
+}
+
+/// Derived series (docs/derived.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DerivedConfig {
     pub enabled: bool,
     /// Compute against the oldest point within this window instead of the previous one.
-    #[serde(deserialize_with = "de_opt_duration")]
+    #[serde(
+        deserialize_with = "de_opt_duration",
+        serialize_with = "se_opt_duration"
+    )]
     pub window: Option<Duration>,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub stale_after: Duration,
     pub max_series: usize,
     pub max_pending_samples: usize,
     /// How often the writer sends queued derived samples.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub flush_interval: Duration,
     pub peaks: Vec<PeakConfig>,
 }
@@ -110,7 +146,7 @@ impl Default for DerivedConfig {
 
 /// Peak FLOP/s and memory bandwidth for the series whose labels match `match` exactly:
 /// numbers, or a GPU model from the built-in table (numbers override the model's).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeakConfig {
     #[serde(rename = "match", default)]
@@ -123,7 +159,7 @@ pub struct PeakConfig {
     pub bandwidth: Option<f64>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -131,7 +167,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Larger compressed bodies get `413`.
@@ -161,18 +197,18 @@ impl Default for Limits {
 }
 
 /// Connection hygiene of the listener: slow or idle clients cannot hold it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// A client must send a request's complete headers within this.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub header_read_timeout: Duration,
     /// A client must send a request's complete body within this once its headers are in
     /// (`408` otherwise).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub body_read_timeout: Duration,
     /// A keep-alive connection with no request for this long is closed.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub idle_timeout: Duration,
     /// Open connections at most; beyond it new ones wait in the listen backlog. Lowered
     /// at start to stay below the process' file-descriptor limit.
@@ -193,13 +229,17 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     #[serde(default)]
     pub name: Option<String>,
     pub url: String,
-    #[serde(default = "default_timeout", deserialize_with = "de_duration")]
+    #[serde(
+        default = "default_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "se_duration"
+    )]
     pub timeout: Duration,
     /// Extra headers set on every request (e.g. `X-Scope-OrgID`).
     #[serde(default)]
@@ -346,12 +386,12 @@ fn percent_decode(s: &str) -> String {
 /// A secret read from a file or an environment variable, never written inline in the
 /// configuration. (A password written in a backend URL is held here too, taken out of
 /// the URL; `Debug` never shows it.)
-#[derive(Clone, Deserialize, Default)]
+#[derive(Clone, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Secret {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
     #[serde(skip)]
     inline: Option<String>,
@@ -397,14 +437,14 @@ impl Secret {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicAuth {
     pub username: String,
     pub password: Secret,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     #[serde(default)]
@@ -414,13 +454,13 @@ pub struct TlsConfig {
 }
 
 /// Authentication of senders: a bearer token they must present.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngestAuth {
     pub bearer_token: Secret,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacksConfig {
     /// `all`, `none`, or a map of pack name → on/off (unlisted packs are on).
@@ -456,6 +496,16 @@ pub enum BuiltinPacks {
     Select(BTreeMap<String, bool>),
 }
 
+impl Serialize for BuiltinPacks {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BuiltinPacks::All => s.serialize_str("all"),
+            BuiltinPacks::None => s.serialize_str("none"),
+            BuiltinPacks::Select(m) => m.serialize(s),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for BuiltinPacks {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -475,17 +525,30 @@ impl<'de> Deserialize<'de> for BuiltinPacks {
     }
 }
 
-fn default_paths() -> Vec<String> {
-    vec!["/api/v1/write".into(), "/api/v1/push".into()]
-}
-fn yes() -> bool {
-    true
-}
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
-fn default_shutdown() -> Duration {
-    Duration::from_secs(30)
+
+/// Parses a listen address as Prometheus and vmagent take it: `host:port`, `:port`
+/// (every interface), `[::]:port`, or a name such as `localhost:port`.
+pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    let t = text.trim();
+    let full = if t.starts_with(':') {
+        format!("0.0.0.0{t}")
+    } else {
+        t.to_string()
+    };
+    if let Ok(a) = full.parse() {
+        return Ok(a);
+    }
+    if !full.contains(':') {
+        return Err("expected host:port or :port".into());
+    }
+    use std::net::ToSocketAddrs;
+    full.to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| "the name resolves to no address".into())
 }
 
 /// Parses `500ms`, `30s`, `1m`, `1h`, `1m30s`.
@@ -519,6 +582,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// Writes a duration as `parse_duration` reads it (`30s`, `5m`, `1h`, `250ms`).
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        format!("{ms}ms")
+    } else if ms % 3_600_000 == 0 && ms > 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms % 60_000 == 0 && ms > 0 {
+        format!("{}m", ms / 60_000)
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
+fn se_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+fn se_opt_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_str(&format_duration(*d)),
+        None => s.serialize_none(),
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
@@ -532,16 +620,136 @@ fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, 
 
 impl Config {
     pub fn embedded_default() -> Config {
-        Config::parse(DEFAULT_CONFIG, "<embedded default>")
-            .expect("embedded default configuration is valid")
+        let mut cfg = Config::parse(DEFAULT_CONFIG, "<embedded default>")
+            .expect("embedded default configuration is valid");
+        // Errors about defaults or flags have no position to show.
+        cfg.source = None;
+        cfg
     }
 
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+        let mut cfg: Config = yaml::from_str(text).map_err(|source| ConfigError::Yaml {
             file: file.to_string(),
             source,
         })?;
+        cfg.source = Some(ConfigSource {
+            file: file.to_string(),
+            text: text.to_string(),
+        });
         Ok(cfg)
+    }
+
+    /// `file:line:column: ` of the first value `value` written after `key:` in the
+    /// configuration's text (`file: ` when it is not written there, e.g. a default or a
+    /// command-line flag), to put in front of an error about that value.
+    pub fn position(&self, key: &str, value: &str) -> String {
+        self.position_nth(key, value, 0)
+    }
+
+    /// Like [`Config::position`], for the `nth` (from 0) such value.
+    pub fn position_nth(&self, key: &str, value: &str, mut nth: usize) -> String {
+        let Some(src) = &self.source else {
+            return String::new();
+        };
+        if !value.is_empty() {
+            let mut after_key = false;
+            for (i, line) in src.text.lines().enumerate() {
+                let code = line.split(" #").next().unwrap_or(line);
+                let key_col = code.find(&format!("{key}:"));
+                if key_col.is_some() {
+                    after_key = true;
+                }
+                // The value on the key's line, or (lists) on a later line.
+                let from = key_col.map_or(0, |k| k + key.len() + 1);
+                if after_key && let Some(col) = code.get(from..).and_then(|r| r.find(value)) {
+                    if nth == 0 {
+                        return format!("{}:{}:{}: ", src.file, i + 1, from + col + 1);
+                    }
+                    nth -= 1;
+                    after_key = false;
+                }
+            }
+        }
+        format!("{}: ", src.file)
+    }
+
+    /// An error about the value `value` of `key`, with its position.
+    fn invalid_at(&self, key: &str, value: &str, message: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid(format!("{}{message}", self.position(key, value)))
+    }
+
+    /// Reads what `serve` will read for a backend (credentials, CA file), so a
+    /// configuration that check-config accepts, serve accepts; errors name the position.
+    fn check_backend_files(&self, name: &str, b: &BackendConfig) -> Result<(), ConfigError> {
+        let secrets = b
+            .bearer_token
+            .iter()
+            .chain(b.basic_auth.as_ref().map(|a| &a.password));
+        for secret in secrets {
+            if let Err(e) = secret.read() {
+                let (key, value) = match (&secret.file, &secret.env) {
+                    (Some(f), _) => ("file", f.display().to_string()),
+                    (_, Some(v)) => ("env", v.clone()),
+                    _ => ("bearer_token", String::new()),
+                };
+                let e = match e {
+                    ConfigError::Io { file, source } => format!("cannot read {file}: {source}"),
+                    other => other.to_string(),
+                };
+                return Err(self.invalid_at(key, &value, format!("backend {name}: {e}")));
+            }
+        }
+        if let Some(ca) = &b.tls.ca_file
+            && let Err(e) = std::fs::metadata(ca)
+        {
+            let shown = ca.display().to_string();
+            return Err(self.invalid_at(
+                "ca_file",
+                &shown,
+                format!("backend {name}: cannot read ca_file {shown}: {e}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Non-fatal remarks about the configuration (printed by check-config, logged by serve).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Ok(u) = parse_backend_url(&b.url)
+                && (u.uri.path().is_empty() || u.uri.path() == "/")
+            {
+                out.push(format!(
+                    "{}backend {}: url {} has no path; receivers listen on /api/v1/write (Prometheus, VictoriaMetrics), /api/v1/push (Mimir, Cortex) or /_prometheus/api/v1/write (Elastic)",
+                    self.position("url", &b.url),
+                    b.name_or_default(i),
+                    redact_url(&b.url)
+                ));
+            }
+        }
+        out
+    }
+
+    /// The configuration as `check-config --print` shows it: every key, defaults filled
+    /// in, credentials replaced by `<secret>`.
+    pub fn to_redacted_yaml(&self) -> Result<String, ConfigError> {
+        let mut c = self.clone();
+        for b in &mut c.backends {
+            b.url = redact_url(&b.url);
+            for (k, v) in b.headers.iter_mut() {
+                let k = k.to_ascii_lowercase();
+                if ["auth", "token", "key", "secret", "password", "cookie"]
+                    .iter()
+                    .any(|w| k.contains(w))
+                {
+                    *v = "<secret>".into();
+                }
+            }
+        }
+        yaml::to_string(&c).map_err(|source| ConfigError::Yaml {
+            file: "<printed configuration>".into(),
+            source,
+        })
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -563,33 +771,69 @@ impl Config {
 
     /// Checks everything that can be checked without the network: backends, packs, rules.
     pub fn validate(&self) -> Result<Rules, ConfigError> {
-        if self.write_paths.is_empty() || self.write_paths.iter().any(|p| !p.starts_with('/')) {
-            return Err(ConfigError::Invalid(
-                "write_paths must be absolute paths".into(),
+        if let Some(p) = self.write_paths.iter().find(|p| !p.starts_with('/')) {
+            return Err(self.invalid_at(
+                "write_paths",
+                p,
+                format!("write path {p:?} must be absolute (start with /)"),
             ));
         }
-        self.listen
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| ConfigError::Invalid(format!("listen {:?}: {e}", self.listen)))?;
+        if self.write_paths.is_empty() {
+            return Err(self.invalid_at("write_paths", "", "write_paths is empty"));
+        }
+        parse_listen(&self.listen).map_err(|e| {
+            self.invalid_at(
+                "listen",
+                &self.listen,
+                format!("listen {:?}: {e}", self.listen),
+            )
+        })?;
+        if self.backends.is_empty() {
+            return Err(self.invalid_at(
+                "backends",
+                "[]",
+                "at least one backend is required (omit `backends` for the default one)",
+            ));
+        }
+        if let Some(auth) = &self.ingest_auth
+            && let Err(e) = auth.bearer_token.read()
+        {
+            let (key, value) = match (&auth.bearer_token.file, &auth.bearer_token.env) {
+                (Some(f), _) => ("file", f.display().to_string()),
+                (_, Some(v)) => ("env", v.clone()),
+                _ => ("bearer_token", String::new()),
+            };
+            return Err(self.invalid_at(key, &value, format!("ingest_auth: {e}")));
+        }
         let mut names = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {
             let name = b.name_or_default(i);
-            let url = parse_backend_url(&b.url)?;
+            let url = parse_backend_url(&b.url).map_err(|e| {
+                // The URL's position, without repeating credentials written in it.
+                let at = split_userinfo(&b.url).1.map_or(b.url.as_str(), |u| u);
+                self.invalid_at("url", at, e)
+            })?;
             if url.userinfo.is_some() && b.basic_auth.is_some() {
-                return Err(ConfigError::Invalid(format!(
-                    "backend {name}: credentials both in the URL and in basic_auth"
-                )));
+                return Err(self.invalid_at(
+                    "basic_auth",
+                    "",
+                    format!("backend {name}: credentials both in the URL and in basic_auth"),
+                ));
             }
             for h in &b.pass_headers {
                 if let Some(why) = unpassable_header_reason(h) {
-                    return Err(ConfigError::Invalid(format!(
-                        "backend {name}: pass_headers may not list {h:?}: {why}"
-                    )));
+                    return Err(self.invalid_at(
+                        "pass_headers",
+                        h,
+                        format!("backend {name}: pass_headers may not list {h:?}: {why}"),
+                    ));
                 }
             }
+            self.check_backend_files(&name, b)?;
             if !names.insert(name.clone()) {
                 return Err(ConfigError::Invalid(format!(
-                    "two backends are named {name:?}: their metrics would be indistinguishable"
+                    "{}two backends are named {name:?}: their metrics would be indistinguishable",
+                    self.position_nth("name", &name, 1)
                 )));
             }
         }
@@ -618,10 +862,14 @@ impl Config {
             let gpu = match &p.gpu {
                 None => None,
                 Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
-                    ConfigError::Invalid(format!(
-                        "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
-                        crate::derive::gpus::known_names().join(", ")
-                    ))
+                    self.invalid_at(
+                        "gpu",
+                        model,
+                        format!(
+                            "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
+                            crate::derive::gpus::known_names().join(", ")
+                        ),
+                    )
                 })?),
             };
             let flops = p.flops.or(gpu.map(|g| g.flops));
@@ -706,10 +954,14 @@ impl Config {
         if let BuiltinPacks::Select(m) = &self.packs.builtin {
             for name in m.keys() {
                 if !known.contains(&name.as_str()) {
-                    return Err(ConfigError::Invalid(format!(
-                        "unknown built-in pack {name:?} (known: {})",
-                        known.join(", ")
-                    )));
+                    return Err(self.invalid_at(
+                        "builtin",
+                        name,
+                        format!(
+                            "unknown built-in pack {name:?} (known: {})",
+                            known.join(", ")
+                        ),
+                    ));
                 }
             }
         }

@@ -1,4 +1,4 @@
-//! The derived series promnorm computes (SPEC 2.5). Inputs are named as they leave the
+//! The derived series promnorm computes (docs/derived.md). Inputs are named as they leave the
 //! mapping stage, so an old engine version migrated to the new names feeds the same
 //! derived series.
 

@@ -1,6 +1,6 @@
 //! Peak dense BF16/FP16 tensor throughput and memory bandwidth per GPU model, for MFU and
 //! MBU. Dense figures only: NVIDIA datasheets print "with sparsity" numbers that are 2×
-//! these. Sources: `shared/fixtures/catalog.md` §8, which cites each vendor page.
+//! these. Sources: docs/derived.md, "MFU and MBU: peaks", which cites each vendor page.
 //! The A10G is not here: NVIDIA publishes no tensor figure for it; configure numbers.
 
 #[derive(Clone, Copy, Debug)]

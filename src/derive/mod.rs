@@ -1,4 +1,4 @@
-//! Derived series (SPEC 2.5): hit ratios, speculative-decoding acceptance, MFU and MBU,
+//! Derived series (docs/derived.md): hit ratios, speculative-decoding acceptance, MFU and MBU,
 //! computed from consecutive samples of counters that may arrive in different,
 //! concurrent requests.
 //!

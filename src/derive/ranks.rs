@@ -1,4 +1,4 @@
-//! Sums of a physical per-rank family over its rank label (SPEC 2.3 `sum_over_ranks`):
+//! Sums of a physical per-rank family over its rank label (`sum_over_ranks`, docs/rules.md):
 //! the latest value of every rank of a group, emitted once per timestamp at which every
 //! rank has reported. Ranks of one scrape share its timestamp but may arrive in
 //! different requests, in any order.

@@ -1,5 +1,5 @@
 //! Forwarding: sends an encoded request to every backend concurrently and maps their
-//! answers onto the one answer the sender gets (SPEC 1.2).
+//! answers onto the one answer the sender gets (docs/wire.md).
 //!
 //! [`Sink`] is the seam where a durable per-backend queue can be slotted in later: the
 //! request path only sees "deliver this body, tell me the outcome".

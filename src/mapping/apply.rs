@@ -135,7 +135,7 @@ impl TapSet {
 }
 
 /// Counter families learnt from `MetricMetadata` (type COUNTER, no `_total`, unknown to
-/// every pack): their series get `_total` (SPEC 2.2). Shared by all workers; a mapper
+/// every pack): their series get `_total` (docs/rules.md). Shared by all workers; a mapper
 /// works on a snapshot it refreshes when the version moves, so the hot path takes no lock.
 #[derive(Debug, Default)]
 pub struct CounterFamilies {

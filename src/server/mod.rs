@@ -49,11 +49,6 @@ impl AppState {
         for (i, b) in cfg.backends.iter().enumerate() {
             sinks.push(Box::new(HttpBackend::from_config(b, i)?));
         }
-        if sinks.is_empty() {
-            return Err(ConfigError::Invalid(
-                "at least one backend is required".into(),
-            ));
-        }
         AppState::new(cfg, rules, Forwarder::new(sinks))
     }
 
@@ -69,6 +64,14 @@ impl AppState {
             .map(|a| a.bearer_token.read())
             .transpose()?;
         let pipeline = cfg.pipeline_with(rules)?;
+        telemetry::metrics_handle();
+        telemetry::register_pipeline(
+            pipeline.rules(),
+            pipeline
+                .deriver()
+                .into_iter()
+                .flat_map(|d| d.definitions().iter().map(|def| def.name)),
+        );
         Ok(AppState {
             pipeline,
             forwarder: Arc::new(forwarder),
@@ -153,7 +156,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(),
+        st.metrics.render() + &telemetry::process_metrics_text(),
     )
 }
 
@@ -395,7 +398,11 @@ pub async fn shutdown_signal() {
 /// `promnorm serve`.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let mut state = Arc::new(AppState::from_config(&cfg)?);
-    let addr: SocketAddr = cfg.listen.parse()?;
+    let addr: SocketAddr = crate::config::parse_listen(&cfg.listen)
+        .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     let listener = listener::bind(addr, cfg.server.listen_backlog)
         .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
     if let Some(fit) = listener::connections_allowed_by_fd_limit()

@@ -1,0 +1,329 @@
+//! The configuration as a new user meets it, through the binary: defaults key by key,
+//! check-config refusing exactly what serve refuses, errors said once with positions,
+//! the printed configuration, the full example, version, help, completions.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn promnorm_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_promnorm"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run promnorm");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn promnorm(args: &[&str]) -> (bool, String, String) {
+    promnorm_env(args, &[])
+}
+
+fn tmp(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("promnorm-config-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn partial_files_override_the_defaults_key_by_key() {
+    for (name, text) in [
+        ("empty.yaml", ""),
+        ("comments.yaml", "# nothing here\n"),
+        (
+            "only-backends.yaml",
+            "backends:\n  - url: http://127.0.0.1:8428/api/v1/write\n",
+        ),
+        ("only-derived.yaml", "derived:\n  window: 1m\n"),
+        ("only-packs.yaml", "packs:\n  builtin: {dcgm: false}\n"),
+    ] {
+        let f = tmp(name, text);
+        let (ok, out, err) = promnorm(&["check-config", &f]);
+        assert!(ok, "{name}: {err}");
+        assert!(out.contains(": ok ("), "{name}: {out}");
+        let (ok, printed, err) = promnorm(&["check-config", "--print", &f]);
+        assert!(ok, "{name}: {err}");
+        assert!(
+            printed.contains("listen: 0.0.0.0:9201"),
+            "{name}: {printed}"
+        );
+        if name != "only-backends.yaml" {
+            // An omitted `backends` means the default backend.
+            assert!(
+                printed.contains("url: http://127.0.0.1:9090/api/v1/write"),
+                "{name}: {printed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn listen_takes_the_forms_prometheus_and_vmagent_take() {
+    for listen in [":9201", "localhost:9201", "127.0.0.1:9201", "[::]:9201"] {
+        let f = tmp("listen.yaml", &format!("listen: \"{listen}\"\n"));
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        assert!(ok, "{listen}: {err}");
+    }
+    let f = tmp("bad-listen.yaml", "listen: nonsense\n");
+    let (ok, _, err) = promnorm(&["check-config", &f]);
+    assert!(!ok);
+    assert!(
+        err.contains("bad-listen.yaml:1:9: listen \"nonsense\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_refuses_what_serve_refuses_with_positions() {
+    let cases = [
+        (
+            "no-backends.yaml",
+            "backends: []\n",
+            "no-backends.yaml:1:11: at least one backend",
+        ),
+        (
+            "unset-env.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    bearer_token: {env: PROMNORM_SURELY_UNSET}\n",
+            "unset-env.yaml:3:25: backend default: environment variable PROMNORM_SURELY_UNSET is not set",
+        ),
+        (
+            "no-password-file.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    basic_auth: {username: u, password: {file: /nonexistent/pw}}\n",
+            "no-password-file.yaml:3:48: backend default: cannot read /nonexistent/pw",
+        ),
+        (
+            "no-ca.yaml",
+            "backends:\n  - url: https://x/api/v1/write\n    tls: {ca_file: /nonexistent/ca.pem}\n",
+            "no-ca.yaml:3:20: backend default: cannot read ca_file /nonexistent/ca.pem",
+        ),
+        (
+            "dup-names.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    name: a\n  - url: http://y/api/v1/write\n    name: a\n",
+            "dup-names.yaml:5:11: two backends are named \"a\"",
+        ),
+        (
+            "bad-url.yaml",
+            "backends:\n  - url: 127.0.0.1:8428/api/v1/write\n",
+            "bad-url.yaml:2:10: backend url \"127.0.0.1:8428/api/v1/write\"",
+        ),
+        (
+            "bad-pack.yaml",
+            "packs:\n  builtin: {dcgmm: false}\n",
+            "bad-pack.yaml:2:13: unknown built-in pack \"dcgmm\"",
+        ),
+        (
+            "bad-gpu.yaml",
+            "derived:\n  peaks:\n    - match: {model_name: x}\n      gpu: A10G\n",
+            "bad-gpu.yaml:4:12: derived.peaks[0]: unknown gpu \"A10G\"",
+        ),
+        (
+            "pass-length.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    pass_headers: [Content-Length]\n",
+            "pass-length.yaml:3:20: backend default: pass_headers may not list \"Content-Length\"",
+        ),
+    ];
+    for (name, text, want) in cases {
+        let f = tmp(name, text);
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        assert!(!ok, "{name} must be refused");
+        assert!(err.contains(want), "{name}: want {want:?} in {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+    }
+}
+
+#[test]
+fn a_url_without_a_path_is_accepted_with_a_warning() {
+    let f = tmp("no-path.yaml", "backends:\n  - url: http://x:8428\n");
+    let (ok, _, err) = promnorm(&["check-config", &f]);
+    assert!(ok, "{err}");
+    assert!(err.contains("warning: "), "{err}");
+    assert!(err.contains("has no path"), "{err}");
+}
+
+#[test]
+fn errors_are_said_once() {
+    let f = tmp(
+        "typo.yaml",
+        "backends:\n  - url: http://x/a\n    timout: 5s\n",
+    );
+    let (ok, _, err) = promnorm(&["check-config", &f]);
+    assert!(!ok);
+    assert!(err.contains("typo.yaml:3:5: "), "{err}");
+    assert_eq!(err.matches("3:5").count(), 1, "position once: {err}");
+    assert!(!err.contains("line 3 column 5"), "{err}");
+    let (ok, _, err) = promnorm(&["check-config", "/nonexistent/promnorm.yaml"]);
+    assert!(!ok);
+    assert_eq!(
+        err.matches("No such file or directory").count(),
+        1,
+        "cause once: {err}"
+    );
+}
+
+/// Key paths of a configuration printed by `check-config --print`, free-form maps
+/// (headers, per-pack overrides, matchers) taken as one key.
+fn key_paths(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    const FREE_FORM: &[&str] = &[
+        "headers",
+        "keep_original",
+        "sum_over_ranks",
+        "builtin",
+        "match",
+    ];
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                out.insert(p.clone());
+                if !FREE_FORM.contains(&k.as_str()) {
+                    key_paths(v, &p, out);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                key_paths(item, &format!("{prefix}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn printed_keys(file: &str, env: &[(&str, &str)]) -> BTreeSet<String> {
+    let (ok, printed, err) = promnorm_env(&["check-config", "--print", file], env);
+    assert!(ok, "{err}");
+    let v: serde_json::Value =
+        promnorm::config::yaml::from_str(&printed).expect("printed configuration parses");
+    let mut keys = BTreeSet::new();
+    key_paths(&v, "", &mut keys);
+    keys
+}
+
+#[test]
+fn the_full_example_is_valid_and_names_every_key() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/promnorm.full.yaml");
+    let env = [
+        ("PROMNORM_BACKEND_TOKEN", "t"),
+        ("PROMNORM_BACKEND_PASSWORD", "p"),
+        ("PROMNORM_INGEST_TOKEN", "i"),
+    ];
+    let (ok, _, err) = promnorm_env(&["check-config", example], &env);
+    assert!(ok, "{err}");
+    let defaults = printed_keys(&tmp("defaults.yaml", ""), &[]);
+    let written: BTreeSet<String> = {
+        let text = std::fs::read_to_string(example).unwrap();
+        let v: serde_json::Value = promnorm::config::yaml::from_str(&text).unwrap();
+        let mut keys = BTreeSet::new();
+        key_paths(&v, "", &mut keys);
+        keys
+    };
+    let missing: Vec<_> = defaults.difference(&written).collect();
+    assert!(
+        missing.is_empty(),
+        "keys missing from the full example: {missing:?}"
+    );
+    // Every key line has a comment above it or beside it.
+    let text = std::fs::read_to_string(example).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start().trim_start_matches("- ");
+        let is_key = !t.starts_with('#') && t.contains(':') && !t.is_empty();
+        if is_key {
+            let commented = line.contains(" #")
+                || lines[..i]
+                    .iter()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .is_some_and(|l| l.trim_start().starts_with('#'))
+                || t.ends_with(':'); // a section header: its keys carry the comments
+            assert!(commented, "line {}: {line:?} has no comment", i + 1);
+        }
+    }
+}
+
+#[test]
+fn the_printed_configuration_hides_secrets() {
+    let f = tmp(
+        "secrets.yaml",
+        "backends:\n  - url: http://alice:hunter2@x/api/v1/write\n    headers: {Authorization: Bearer topsecret, X-Scope-OrgID: t}\n",
+    );
+    let (ok, out, err) = promnorm(&["check-config", "--print", &f]);
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains("hunter2") && !out.contains("topsecret"),
+        "{out}"
+    );
+    assert!(out.contains("alice:<secret>@x"), "{out}");
+    assert!(out.contains("X-Scope-OrgID: t"), "{out}");
+}
+
+#[test]
+fn version_help_completions_and_man_page() {
+    let (ok, out, _) = promnorm(&["version"]);
+    assert!(ok);
+    assert!(out.contains("revision ") && out.contains("rustc "), "{out}");
+    // Every argument of every subcommand has help text.
+    for sub in [
+        "serve",
+        "check-config",
+        "normalize",
+        "explain",
+        "healthcheck",
+        "completions",
+    ] {
+        let (ok, out, err) = promnorm(&[sub, "--help"]);
+        assert!(ok, "{sub}: {err}");
+        for line in out
+            .lines()
+            .filter(|l| l.trim_start().starts_with("--") || l.trim_start().starts_with('<'))
+        {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let described = words.len() > 2 || line.contains("  ") && words.len() > 1;
+            assert!(described, "{sub}: {line:?} has no help text\n{out}");
+        }
+    }
+    let (ok, out, _) = promnorm(&["completions", "bash"]);
+    assert!(ok && out.contains("promnorm"), "{out}");
+    let (ok, out, _) = promnorm(&["man"]);
+    assert!(ok && out.contains(".TH promnorm"), "{out}");
+}
+
+#[test]
+fn logs_have_no_colours_when_stderr_is_not_a_terminal() {
+    // A port already taken makes serve log a warning (the backend URL has no path) and
+    // exit at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let (ok, _, err) = promnorm_env(
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--log.level",
+            "debug",
+            "--backend",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    assert!(!ok, "serve must fail on a taken port: {err}");
+    assert!(err.contains("listening on"), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains("has no path"),
+        "a log line: {err}"
+    );
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escapes in piped logs: {err:?}"
+    );
+}
