@@ -4,11 +4,18 @@
 # offered rate. Usage:
 #   bench/latency.sh promnorm CONNECTIONS DELAY_MS [CONFIG]    (default bench/all-packs.yaml)
 #   bench/latency.sh vmagent  CONNECTIONS DELAY_MS [RELABEL]   (default shared relabel.yml)
+# Payloads come from this repository's promnorm-payloads (into $PAYLOADS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUT=$1 CONNS=$2 DELAY=$3
 TOOLS=${SHARED_DIR:-$(cd .. && pwd)/shared}/tools/bench
 PAYLOADS=${PAYLOADS:-/tmp/prw-payloads/default}
+RELEASE=${CARGO_TARGET_DIR:-$PWD/target}/release
+# Folders written by another generator (the former gen_payloads.py) are rebuilt.
+if ! grep -qs '"generator": "promnorm-payloads"' "$PAYLOADS/meta.json"; then
+  cargo build --release --quiet --bin promnorm-payloads
+  "$RELEASE/promnorm-payloads" --out "$PAYLOADS" --count 100
+fi
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; sleep 0.5; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/sink"
@@ -17,7 +24,7 @@ sleep 0.5
 case $SUT in
   promnorm)
     PORT=9201
-    taskset -c 1 target/release/promnorm serve --config "${4:-bench/all-packs.yaml}" \
+    taskset -c 1 "$RELEASE/promnorm" serve --config "${4:-bench/all-packs.yaml}" \
       --listen 127.0.0.1:$PORT --backend http://127.0.0.1:19201/api/v1/write 2>"$WORK/sut.log" & ;;
   vmagent)
     PORT=8429

@@ -1,18 +1,13 @@
-//! Criterion benches of every pipeline stage and of the whole pipeline, on payloads from
-//! `shared/tools/bench/gen_payloads.py`: 2,000-series requests (the shape Prometheus sends
-//! with max_samples_per_send: 2000) and 10,000-series requests (`--mode large`).
-//!
-//! Generate them first:
-//!   /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --count 100
-//!   /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --mode large --count 30
-//! (folders /tmp/prw-payloads/{default,large}; `PAYLOAD_DIR` / `PAYLOAD_DIR_LARGE`
-//! override). Throughput is in samples; BENCHMARKS.md converts to bytes/s.
+//! Criterion benches of every pipeline stage and of the whole pipeline, on requests of the
+//! synthetic LLM-inference fleet of `tests/support/fleet.rs` (built in process before
+//! measuring): 2,000-series requests (the shape Prometheus sends with
+//! max_samples_per_send: 2000) and 10,000-series requests (`Mode::Large`). Throughput is
+//! in samples; BENCHMARKS.md converts to bytes/s.
 //!
 //! Stages: `snappy_decode`, `protobuf_decode`, `map_encode_passthrough` (re-encoding with
 //! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
 //! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -21,18 +16,8 @@ use promnorm::derive::{DeriveScratch, Emitted};
 use promnorm::mapping::{MapContext, Mapper, Rules};
 use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
-fn payloads(var: &str, default: &str, limit: usize) -> Vec<Vec<u8>> {
-    let dir = std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.to_string_lossy().ends_with(".pb.sz"));
-    files.sort();
-    files.truncate(limit);
-    files.iter().filter_map(|f| std::fs::read(f).ok()).collect()
-}
+#[path = "../tests/support/fleet.rs"]
+mod fleet;
 
 fn decompress(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut d = snap::raw::Decoder::new();
@@ -54,10 +39,7 @@ fn config() -> Config {
 }
 
 fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
-    if bodies.is_empty() {
-        eprintln!("no {label} payloads: run gen_payloads.py first (see the file header)");
-        return;
-    }
+    assert!(!bodies.is_empty(), "no {label} payloads to measure");
     let raws = decompress(bodies);
     let limits = DecodeLimits::default();
     let samples = {
@@ -184,9 +166,9 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
 }
 
 fn bench(c: &mut Criterion) {
-    let default = payloads("PAYLOAD_DIR", "/tmp/prw-payloads/default", 100);
+    let default = fleet::request_bodies(fleet::Mode::Default, 100);
     bench_size(c, "2000_series", &default);
-    let large = payloads("PAYLOAD_DIR_LARGE", "/tmp/prw-payloads/large", 30);
+    let large = fleet::request_bodies(fleet::Mode::Large, 30);
     bench_size(c, "10000_series", &large);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side throughput of promnorm and vmagent 1.79 under the same wrk load into the
 # same nginx null sink (shared/tools/bench/bench_rw.py), each pinned to one core.
-# Needs Debian's vmagent, wrk and nginx on PATH and /usr/bin/python3 with snappy.
+# Needs Debian's vmagent, wrk and nginx on PATH and /usr/bin/python3 (for bench_rw.py).
+# Payloads come from this repository's promnorm-payloads (into $PAYLOADS).
 # Usage: scripts/bench-vs-vmagent.sh [RUNS] [DURATION_S]; results in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,9 +11,12 @@ DURATION=${2:-20}
 SHARED=${SHARED_DIR:-$(cd .. && pwd)/shared}
 TOOLS=$SHARED/tools/bench
 PAYLOADS=${PAYLOADS:-/tmp/prw-payloads/default}
-[[ -f $PAYLOADS/meta.json ]] || /usr/bin/python3 "$TOOLS/gen_payloads.py" --out "$PAYLOADS" --count 100
-cargo build --release --quiet
-BIN=$PWD/target/release/promnorm
+cargo build --release --quiet --bin promnorm --bin promnorm-payloads
+RELEASE=${CARGO_TARGET_DIR:-$PWD/target}/release
+BIN=$RELEASE/promnorm
+# Folders written by another generator (the former gen_payloads.py) are rebuilt.
+grep -qs '"generator": "promnorm-payloads"' "$PAYLOADS/meta.json" ||
+  "$RELEASE/promnorm-payloads" --out "$PAYLOADS" --count 100
 mkdir -p bench/results
 RESULTS=bench/results/$(date -u +%Y-%m-%dT%H%M).jsonl
 common=(--payloads "$PAYLOADS" --runs "$RUNS" --duration "$DURATION" --results "$RESULTS")

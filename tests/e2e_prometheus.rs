@@ -1,5 +1,5 @@
 //! End to end with real components: Debian's Prometheus 2.42 scrapes the real dumps in
-//! `shared/fixtures/exposition/` and remote-writes through promnorm (in-process) into a
+//! `tests/golden/dump-*.prom` and remote-writes through promnorm (in-process) into a
 //! second Prometheus started with `--web.enable-remote-write-receiver`.
 //!
 //! The expected result is computed by `promnorm normalize` on the same dumps (the same
@@ -107,16 +107,20 @@ async fn real_prometheus_to_real_prometheus_through_promnorm() {
         eprintln!("SKIPPED: set PROMETHEUS_BIN (scripts/test.sh does) to run the end-to-end test");
         return;
     };
-    let dumps_dir = shared_dir().join("fixtures/exposition");
+    let dumps_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let mut dumps: Vec<PathBuf> = std::fs::read_dir(&dumps_dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dumps_dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "prom"))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("dump-") && n.ends_with(".prom"))
+        })
         .collect();
     dumps.sort();
     assert!(
         dumps.len() >= 4,
-        "expected the real dumps in {}",
+        "expected the real dumps dump-*.prom in {}",
         dumps_dir.display()
     );
 

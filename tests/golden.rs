@@ -1,7 +1,7 @@
 //! Golden tests as data. Two shapes under `tests/golden/`:
 //! - `NAME.prom`: one scrape of text exposition, normalised with the embedded default
-//!   configuration, must equal `NAME.out` (the `dump-*` cases are the real dumps of
-//!   exporters listed in docs/rules.md);
+//!   configuration, must equal `NAME.out` (the `dump-*` cases are real exporter dumps,
+//!   also scraped by the end-to-end test);
 //! - `NAME/`: several scrapes `1.prom`, `2.prom`, ... taken 15 s apart, with an optional
 //!   `config.yaml`, must equal `NAME/expected.out` (derived series need several scrapes).
 //!

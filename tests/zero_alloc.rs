@@ -2,14 +2,13 @@
 //! running in parallel do not disturb each other).
 //!
 //! - `zero_alloc_pipeline`: the full pipeline (snappy decode → protobuf → all built-in
-//!   packs → derived series → encode → snappy encode) on the 2,000-series requests of
-//!   `shared/tools/bench/gen_payloads.py` allocates nothing once warm. Run:
-//!   `cargo test --release zero_alloc -- --nocapture`.
+//!   packs → derived series → encode → snappy encode) on 2,000-series requests of the
+//!   synthetic fleet of `tests/support/fleet.rs` allocates nothing once warm. Run:
+//!   `cargo test --release --test zero_alloc -- --nocapture`.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use promnorm::config::Config;
@@ -18,6 +17,9 @@ use promnorm::mapping::Rules;
 use promnorm::pipeline::{Pipeline, PipelineLimits};
 use promnorm::wire::proto::prometheus as pb;
 use prost::Message;
+
+#[path = "support/fleet.rs"]
+mod fleet;
 
 struct Counting;
 
@@ -61,32 +63,10 @@ fn live_bytes() -> i64 {
     LIVE_BYTES.with(Cell::get)
 }
 
-/// The request bodies of gen_payloads.py: `PROMNORM_PAYLOAD_DIR`, else the tool's default
-/// folder. `None` when there are none (then `PROMNORM_REQUIRE_PAYLOADS=1` fails the test).
-fn payloads() -> Option<Vec<Vec<u8>>> {
-    let dir = std::env::var_os("PROMNORM_PAYLOAD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/prw-payloads/default"));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".pb.sz"))
-        .collect();
-    files.sort();
-    let bodies: Vec<Vec<u8>> = files.iter().filter_map(|f| std::fs::read(f).ok()).collect();
-    (!bodies.is_empty()).then_some(bodies)
-}
-
 #[test]
 fn zero_alloc_pipeline() {
-    let Some(bodies) = payloads() else {
-        assert!(
-            std::env::var("PROMNORM_REQUIRE_PAYLOADS").as_deref() != Ok("1"),
-            "no payloads: run /usr/bin/python3 ../shared/tools/bench/gen_payloads.py --count 100"
-        );
-        eprintln!("zero_alloc_pipeline skipped: no payloads (see the file header)");
-        return;
-    };
+    // Built before any counting starts: 100 requests, about 6.7 rounds of the fleet.
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 100);
     assert!(
         bodies.len() >= 60,
         "need at least 60 requests (4 rounds of the fleet)"

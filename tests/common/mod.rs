@@ -229,11 +229,3 @@ pub async fn get(url: &str) -> HttpReply {
         body: String::from_utf8_lossy(&body).into_owned(),
     }
 }
-
-/// The shared folder beside the checkout (fixtures, tools).
-pub fn shared_dir() -> std::path::PathBuf {
-    if let Ok(d) = std::env::var("SHARED_DIR") {
-        return d.into();
-    }
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
-}
