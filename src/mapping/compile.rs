@@ -102,6 +102,25 @@ pub struct Plan {
     pub trace: Vec<String>,
 }
 
+/// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataPlan {
+    /// Also forward the input entry as it is (`keep_original`: the original series stay).
+    pub keep_input: bool,
+    /// Entries written in its place; none (and no `keep_input`): the family is dropped.
+    pub outputs: Vec<MetadataOutput>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataOutput {
+    pub name: Box<str>,
+    /// The unit field to write; `None`: the input's.
+    pub unit: Option<Box<str>>,
+    /// The family's values are rescaled by this: its HELP is restated
+    /// ([`super::meta::rewrite_help`]).
+    pub rescale: Option<Factor>,
+}
+
 /// How a name resolves.
 #[derive(Clone, Debug)]
 pub enum Resolution {
@@ -591,35 +610,73 @@ impl Rules {
         }
     }
 
-    /// Metadata family name → (new family name, unit to write), or `None` when no rule
-    /// renames it. Tries the family as a series name, then as a histogram/counter base.
-    pub fn metadata_target(&self, family: &str) -> Option<(String, Option<String>, bool)> {
+    /// What forwarded metadata of `family` becomes, or `None` when no rule changes it.
+    /// Tries the family as a series name, then as a histogram/counter base. Only
+    /// unconditional steps count: metadata carries no labels to match.
+    pub fn metadata_plan(&self, family: &str) -> Option<MetadataPlan> {
         for (suffix, strip) in [("", ""), ("_bucket", "_bucket"), ("_total", "")] {
             let probe = format!("{family}{suffix}");
             let plan = match self.lookup(&probe) {
-                Some(Resolution::Plan(p)) => Some((**p).clone()),
+                Some(Resolution::Plan(p)) => Some(p.clone()),
                 Some(Resolution::OutputName) => None,
-                None if self.needs_pattern_lookup() => self.plan_for(&probe),
+                None if self.needs_pattern_lookup() => self.plan_for(&probe).map(Arc::new),
                 None => None,
             };
             let Some(plan) = plan else { continue };
-            let dropped = plan
-                .steps
-                .iter()
-                .any(|s| s.when.is_empty() && matches!(s.action, Action::Drop(_)));
-            let mut name = None;
-            for s in &plan.steps {
-                if let Action::SetName(n) = &s.action
-                    && s.when.is_empty()
-                {
-                    name = Some(n.to_string());
+            let mut dropped = false;
+            let mut name: Option<&str> = None;
+            let mut split: Option<&[(Box<str>, Box<str>)]> = None;
+            let mut factor = Factor::ONE;
+            for s in plan.steps.iter().filter(|s| s.when.is_empty()) {
+                match &s.action {
+                    Action::Drop(_) => dropped = true,
+                    // A later rename renames split series too.
+                    Action::SetName(n) => (name, split) = (Some(&**n), None),
+                    Action::SplitByLabel { names, .. } => split = Some(names),
+                    Action::Scale { factor: f, .. } => factor = factor.then(*f),
+                    _ => {}
                 }
             }
-            let unit = self.unit_for(&probe);
-            let name = name.map(|n| n.strip_suffix(strip).map(str::to_string).unwrap_or(n));
-            if name.is_some() || dropped || unit.is_some() {
-                return Some((name.unwrap_or_else(|| family.to_string()), unit, dropped));
+            if dropped {
+                return Some(MetadataPlan::default());
             }
+            let strip = |n: &str| -> Box<str> { n.strip_suffix(strip).unwrap_or(n).into() };
+            let names: Vec<Box<str>> = match (split, name) {
+                // Each family a split produces; a series with a value the split does not
+                // name keeps the old name, but carries no metadata of its own.
+                (Some(split), _) => split.iter().map(|(_, n)| strip(n)).collect(),
+                (None, Some(n)) => vec![strip(n)],
+                (None, None) => vec![family.into()],
+            };
+            let rescale = (!factor.is_one()).then_some(factor);
+            let unit = self.unit_for(&probe);
+            if unit.is_none() && rescale.is_none() && names.len() == 1 && &*names[0] == family {
+                continue;
+            }
+            let outputs = names
+                .into_iter()
+                .map(|name| {
+                    // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
+                    let unit = match (&unit, rescale) {
+                        (Some(u), _) => Some(u.as_str().into()),
+                        (None, Some(_)) => Some(
+                            super::meta::unit_of_name(&name)
+                                .map_or("", |u| u.unit)
+                                .into(),
+                        ),
+                        (None, None) => None,
+                    };
+                    MetadataOutput {
+                        name,
+                        unit,
+                        rescale,
+                    }
+                })
+                .collect();
+            return Some(MetadataPlan {
+                keep_input: plan.keep_original,
+                outputs,
+            });
         }
         None
     }
