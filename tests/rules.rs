@@ -345,7 +345,7 @@ fn user_rescales_without_a_unit_get_one_from_the_name_or_none() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("mine.yaml"),
-        "pack: mine\nrules:\n  - match: {family: wait_ms}\n    rename: wait_seconds\n    scale: 1/1000\n  - match: {family: depth}\n    rename: depth_scaled\n    scale: 3/2\n",
+        "pack: mine\nrules:\n  - match: {family: wait_ms}\n    rename: wait_seconds\n    scale: 1/1000\n  - match: {family: depth}\n    rename: depth_scaled\n    scale: 3/2\n  - match: {family: lat}\n    rename: lat_new\n    scale: 1/1000\n    unit: seconds\n",
     )
     .unwrap();
     std::fs::write(
@@ -367,6 +367,7 @@ fn user_rescales_without_a_unit_get_one_from_the_name_or_none() {
                     "milliseconds",
                 ),
                 metadata("depth", T::Gauge, "Queue depth", "items"),
+                metadata("lat", T::Gauge, "Latency in ms", ""),
             ],
         },
     );
@@ -380,6 +381,12 @@ fn user_rescales_without_a_unit_get_one_from_the_name_or_none() {
         (m[0].help.as_str(), m[0].unit.as_str()),
         ("Queue depth (promnorm: rescaled ×3/2)", ""),
         "a unit the name does not state is no longer known"
+    );
+    let m = metadata_of(&out, "lat_new");
+    assert_eq!(
+        (m[0].help.as_str(), m[0].unit.as_str()),
+        ("Latency in seconds", "seconds"),
+        "the rule's unit when the name states none"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

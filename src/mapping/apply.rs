@@ -953,8 +953,7 @@ impl Mapper {
                     .unwrap_or(md.unit.bytes(buf));
                 let help = match o.rescale {
                     Some(f) => {
-                        let unit_word = meta::unit_of_name(&o.name);
-                        meta::rewrite_help(md.help.bytes(buf), f, unit_word, &mut self.help_buf);
+                        meta::rewrite_help(md.help.bytes(buf), f, o.help_unit, &mut self.help_buf);
                         &self.help_buf[..]
                     }
                     None => md.help.bytes(buf),

@@ -117,8 +117,10 @@ pub struct MetadataOutput {
     /// The unit field to write; `None`: the input's.
     pub unit: Option<Box<str>>,
     /// The family's values are rescaled by this: its HELP is restated
-    /// ([`super::meta::rewrite_help`]).
+    /// ([`super::meta::rewrite_help`]) …
     pub rescale: Option<Factor>,
+    /// … in this unit: the one its name states, else the rule's `unit:`.
+    pub help_unit: Option<super::meta::NameUnit>,
 }
 
 /// How a name resolves.
@@ -656,20 +658,21 @@ impl Rules {
             let outputs = names
                 .into_iter()
                 .map(|name| {
+                    let help_unit = rescale.and_then(|_| {
+                        super::meta::unit_of_name(&name)
+                            .or_else(|| unit.as_deref().and_then(super::meta::unit_named))
+                    });
                     // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
                     let unit = match (&unit, rescale) {
                         (Some(u), _) => Some(u.as_str().into()),
-                        (None, Some(_)) => Some(
-                            super::meta::unit_of_name(&name)
-                                .map_or("", |u| u.unit)
-                                .into(),
-                        ),
+                        (None, Some(_)) => Some(help_unit.map_or("", |u| u.unit).into()),
                         (None, None) => None,
                     };
                     MetadataOutput {
                         name,
                         unit,
                         rescale,
+                        help_unit,
                     }
                 })
                 .collect();

@@ -121,6 +121,11 @@ pub fn unit_of_name(family: &str) -> Option<NameUnit> {
         .map(|(_, u)| *u)
 }
 
+/// The known unit whose metadata `unit` field is `unit` (a rule's `unit:`).
+pub fn unit_named(unit: &str) -> Option<NameUnit> {
+    UNITS.iter().find(|(_, u)| u.unit == unit).map(|(_, u)| *u)
+}
+
 /// Writes `help`, restated for a family rescaled by `factor` into `unit`, to `out`
 /// (cleared first). Bytes in, bytes out: non-UTF-8 text is kept as it is.
 pub fn rewrite_help(help: &[u8], factor: Factor, unit: Option<NameUnit>, out: &mut Vec<u8>) {
