@@ -424,6 +424,13 @@ impl Rules {
                 continue;
             };
             let steps_before = plan.steps.len();
+            // What this rule does, in words, for `explain`.
+            let mut details: Vec<String> = Vec::new();
+            if !r.when.is_empty() {
+                let cond: Vec<String> =
+                    r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                details.push(format!("only series with {}", cond.join(", ")));
+            }
             let pack = r.pack;
             let when = r.when.clone();
             let push = |plan: &mut Plan, action: Action| {
@@ -442,6 +449,7 @@ impl Rules {
                 continue;
             }
             for (from, to) in &r.rename_labels {
+                details.push(format!("label {from} → {to}"));
                 push(
                     &mut plan,
                     Action::RenameLabel {
@@ -451,6 +459,7 @@ impl Rules {
                 );
             }
             for (label, from, to) in &r.label_values {
+                details.push(format!("{label}=\"{from}\" → {label}=\"{to}\""));
                 push(
                     &mut plan,
                     Action::MapLabelValue {
@@ -469,7 +478,12 @@ impl Rules {
                             series_name(base, r.family_type, kind).into_boxed_str(),
                         )
                     })
-                    .collect();
+                    .collect::<Vec<(Box<str>, Box<str>)>>();
+                let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+                details.push(format!(
+                    "split by {label}: {}; other values keep the name",
+                    to.join(", ")
+                ));
                 push(
                     &mut plan,
                     Action::SplitByLabel {
@@ -479,6 +493,7 @@ impl Rules {
                 );
             }
             for (n, v) in &r.set_labels {
+                details.push(format!("sets {n}=\"{v}\""));
                 push(
                     &mut plan,
                     Action::SetLabel {
@@ -488,6 +503,7 @@ impl Rules {
                 );
             }
             for n in &r.drop_labels {
+                details.push(format!("drops label {n}"));
                 push(&mut plan, Action::DropLabel(n.clone()));
             }
             if let Some(factor) = r.scale {
@@ -496,13 +512,22 @@ impl Rules {
                     Kind::Bucket => Some(ScaleTarget::Le),
                     Kind::Count | Kind::Created => None,
                 };
+                details.push(match target {
+                    Some(ScaleTarget::Value) => format!("values {factor}"),
+                    Some(ScaleTarget::Le) => {
+                        format!("le values {factor} (bucket counts unchanged)")
+                    }
+                    None if kind == Kind::Count => "a count: not rescaled".into(),
+                    None => "a timestamp: not rescaled".into(),
+                });
                 if let Some(target) = target {
                     push(&mut plan, Action::Scale { factor, target });
                 }
                 plan.rescales = true;
             }
             let new_name = series_name(&target_base, r.family_type, kind);
-            if new_name != cur {
+            let renamed = new_name != cur;
+            if renamed {
                 push(&mut plan, Action::SetName(new_name.as_str().into()));
                 if self.packs[pack as usize].keep_original {
                     plan.keep_original = true;
@@ -510,7 +535,16 @@ impl Rules {
                 cur = new_name;
             }
             if plan.steps.len() > steps_before {
-                plan.trace.push(format!("{} → {}", r.describe, cur));
+                let mut line = r.describe.clone();
+                if !details.is_empty() {
+                    line.push_str(": ");
+                    line.push_str(&details.join("; "));
+                }
+                if renamed {
+                    line.push_str(" → ");
+                    line.push_str(&cur);
+                }
+                plan.trace.push(line);
             }
         }
         if !phase_done_dedup {
@@ -682,6 +716,22 @@ impl Rules {
             });
         }
         None
+    }
+
+    /// The `_bucket`, `_sum` and `_count` series that rules match as members of the
+    /// histogram or summary family `family` (the name `# TYPE` lines and dashboards use).
+    pub fn family_members(&self, family: &str) -> Vec<String> {
+        [Kind::Bucket, Kind::Sum, Kind::Count]
+            .into_iter()
+            .map(|kind| (kind, format!("{family}{}", kind.suffix())))
+            .filter(|(kind, name)| {
+                self.rules.iter().any(|r| {
+                    !matches!(r.matcher, Matcher::Prefix(_))
+                        && self.cover(r, name).is_some_and(|(k, _)| k == *kind)
+                })
+            })
+            .map(|(_, name)| name)
+            .collect()
     }
 
     fn unit_for(&self, name: &str) -> Option<String> {
