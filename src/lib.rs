@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod derive;
+pub mod explain;
 pub mod exposition;
 pub mod forward;
 pub mod mapping;

@@ -68,7 +68,8 @@ enum Command {
         /// Exposition files, one scrape each, in order (`-` or none: stdin).
         files: Vec<PathBuf>,
     },
-    /// Show which rules apply to a metric name and what it becomes.
+    /// Show which rules apply to a metric name, family name or selector name{a="b"}, and
+    /// what it becomes.
     Explain {
         /// Configuration file (YAML) whose packs apply.
         #[arg(long)]
@@ -186,45 +187,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Explain { config, name } => {
+            // A bad name or selector is an error before any configuration is read.
+            promnorm::explain::parse_selector(&name)?;
             let cfg = load(config.as_ref())?;
             let rules = cfg.compile_rules()?;
-            let plan = rules.plan_for(&name);
-            match &plan {
-                None => println!("{name}: no rule applies; forwarded unchanged"),
-                Some(plan) => {
-                    println!("{name}:");
-                    for t in &plan.trace {
-                        println!("  {t}");
-                    }
-                    if plan.keep_original {
-                        println!("  keep_original: the original series is forwarded too");
-                    }
-                }
-            }
-            // The name it leaves with, and the derived series it feeds.
-            let out = plan
-                .iter()
-                .flat_map(|p| &p.steps)
-                .filter_map(|s| match &s.action {
-                    promnorm::mapping::compile::Action::SetName(n) => Some(n.to_string()),
-                    _ => None,
-                })
-                .next_back()
-                .unwrap_or_else(|| name.clone());
             let deriver = cfg
                 .derive_settings()?
                 .map(|s| promnorm::derive::Deriver::new(&s));
-            for d in deriver.iter().flat_map(|d| d.definitions()) {
-                if let Some(slot) = d.inputs.iter().position(|i| *i == out) {
-                    use promnorm::derive::defs::Formula;
-                    let role = match (d.formula, slot) {
-                        (Formula::Ratio | Formula::OnePlusRatio, 0) => "numerator",
-                        (Formula::Ratio | Formula::OnePlusRatio, _) => "denominator",
-                        _ => "input",
-                    };
-                    println!("  feeds derived series {} ({role})", d.name);
-                }
-            }
+            print!(
+                "{}",
+                promnorm::explain::explain(&rules, deriver.as_ref(), &name)?
+            );
         }
         Command::Normalize {
             config,

@@ -35,6 +35,123 @@ fn explain_names_the_rule_and_the_derived_series_it_feeds() {
 }
 
 #[test]
+fn explain_a_histogram_family_name_shows_its_series() {
+    let (ok, out, err) = promnorm(&["explain", "vllm:model_forward_time_milliseconds"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("no rule applies"), "{out}");
+    for want in [
+        "vllm:model_forward_time_milliseconds_bucket:",
+        "le values ÷1000 (bucket counts unchanged) → vllm:model_forward_time_seconds_bucket",
+        "values ÷1000 → vllm:model_forward_time_seconds_sum",
+        "a count: not rescaled → vllm:model_forward_time_seconds_count",
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+}
+
+#[test]
+fn explain_shows_exact_factors_and_le_values() {
+    for (query, want) in [
+        (
+            "DCGM_FI_DEV_FB_USED",
+            "values ×2^20 → DCGM_FI_DEV_FB_USED_bytes",
+        ),
+        ("port_rcv_data", "values ×4 → port_rcv_data_bytes_total"),
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "values ÷100 → DCGM_FI_DEV_GPU_UTIL_ratio",
+        ),
+        (
+            "mooncake_transfer_get_latency_sum",
+            "values ÷10^6 → mooncake_transfer_get_latency_seconds_sum",
+        ),
+        (
+            r#"vllm:model_forward_time_milliseconds_bucket{le="2.5"}"#,
+            r#"result: vllm:model_forward_time_seconds_bucket{le="0.0025"} (le values ÷1000)"#,
+        ),
+    ] {
+        let (ok, out, err) = promnorm(&["explain", query]);
+        assert!(ok, "{err}");
+        assert!(out.contains(want), "{query}: {want:?} in {out}");
+    }
+}
+
+#[test]
+fn explain_decides_label_dependent_rules_with_the_selector_labels() {
+    let mine = tmp(
+        "mine.yaml",
+        "pack: mine\nrules:\n  - match: {family: old_queue_depth, labels: {env: prod}}\n    rename: queue_depth\n",
+    );
+    let cfg = tmp(
+        "explain.yaml",
+        &format!("listen: 127.0.0.1:9201\npacks:\n  files: [{mine}]\n"),
+    );
+    for (query, want) in [
+        (
+            r#"sglang:num_running_reqs{tp_rank="1"}"#,
+            "result: dropped (tp_rank_dedup)",
+        ),
+        (
+            r#"sglang:num_running_reqs{tp_rank="0"}"#,
+            r#"result: sglang:num_running_reqs{tp_rank="0"}"#,
+        ),
+        (
+            r#"vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"}"#,
+            r#"result: vllm:kv_offload_store_bytes_total{engine="0"}"#,
+        ),
+        (
+            r#"DCGM_FI_DEV_GPU_UTIL{Hostname="h"}"#,
+            r#"result: DCGM_FI_DEV_GPU_UTIL_ratio{hostname="h"} (values ÷100)"#,
+        ),
+        (
+            r#"old_queue_depth{env="prod"}"#,
+            r#"result: queue_depth{env="prod"}"#,
+        ),
+        (
+            r#"old_queue_depth{env="dev"}"#,
+            r#"result: old_queue_depth{env="dev"}"#,
+        ),
+    ] {
+        let (ok, out, err) = promnorm(&["explain", "--config", &cfg, query]);
+        assert!(ok, "{err}");
+        assert!(out.contains(want), "{query}: {want:?} in {out}");
+    }
+    // Without labels, the label-dependent steps are described.
+    let (_, out, _) = promnorm(&["explain", "--config", &cfg, "old_queue_depth"]);
+    assert!(
+        out.contains(r#"only series with env="prod" → queue_depth"#),
+        "{out}"
+    );
+}
+
+#[test]
+fn explain_rejects_empty_and_invalid_names() {
+    for query in [
+        "",
+        "9lives",
+        "a-b",
+        "x{",
+        "x}",
+        "x{a=1}",
+        r#"x{a="1" b="2"}"#,
+        r#"x{a!="1"}"#,
+        r#"{a="1"}"#,
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+            .args(["explain", query])
+            .output()
+            .expect("run promnorm");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{query:?}: {err}");
+        assert!(out.stdout.is_empty(), "{query:?}");
+        assert!(
+            err.contains("invalid series name or selector"),
+            "{query:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn normalize_prints_derived_series_across_scrapes() {
     let l = r#"{engine="0",model_name="m"}"#;
     let a = tmp(

@@ -5,6 +5,10 @@
 //! - `NAME/`: several scrapes `1.prom`, `2.prom`, ... taken 15 s apart, with an optional
 //!   `config.yaml`, must equal `NAME/expected.out` (derived series need several scrapes).
 //!
+//! - `metadata/NAME.prom`: one scrape whose `# HELP`/`# TYPE` lines become remote-write
+//!   metadata; the metadata forwarded must equal `metadata/NAME.out` (`# TYPE`, `# UNIT`
+//!   when set, `# HELP` per family, in output order).
+//!
 //! `UPDATE_GOLDEN=1` rewrites the expected files; review the diff before committing.
 
 use std::path::{Path, PathBuf};
@@ -49,6 +53,9 @@ fn golden_files() {
     let mut failures = Vec::new();
     let (mut single, mut multi) = (0, 0);
     for path in &entries {
+        if path.ends_with("metadata") {
+            continue; // golden_metadata
+        }
         if path.is_dir() {
             let cfg_path = path.join("config.yaml");
             let config = if cfg_path.exists() {
@@ -84,6 +91,50 @@ fn golden_files() {
     assert!(single >= 12 && multi >= 4, "golden cases present");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     println!("{single} single-scrape and {multi} multi-scrape golden cases");
+}
+
+/// The metadata the pipeline forwards for one scrape, as text.
+fn metadata_out(config: &Config, scrape: &Path) -> String {
+    use promnorm::wire::proto::prometheus as pb;
+    use prost::Message;
+    let pipeline = config.pipeline().expect("configuration is valid");
+    let text = std::fs::read_to_string(scrape).unwrap();
+    let parsed = promnorm::exposition::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let raw = promnorm::normalize::scrape_to_request(&parsed, 0).encode_to_vec();
+    let mut ws = pipeline.take_workspace();
+    pipeline.process_raw(&mut ws, &raw).unwrap();
+    let out = pb::WriteRequest::decode(&ws.encoded[..]).unwrap();
+    let mut s = String::new();
+    for m in &out.metadata {
+        let t = pb::metric_metadata::MetricType::try_from(m.r#type)
+            .map_or("?".into(), |t| t.as_str_name().to_lowercase());
+        let name = &m.metric_family_name;
+        s += &format!("# TYPE {name} {t}\n");
+        if !m.unit.is_empty() {
+            s += &format!("# UNIT {name} {}\n", m.unit);
+        }
+        s += &format!("# HELP {name} {}\n", m.help);
+    }
+    s
+}
+
+/// Metadata of renamed, rescaled and split families under the embedded default.
+#[test]
+fn golden_metadata() {
+    let dir = golden_dir().join("metadata");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "prom"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 3, "metadata golden cases present");
+    let mut failures = Vec::new();
+    for case in &cases {
+        let got = metadata_out(&Config::embedded_default(), case);
+        check(&case.with_extension("out"), &got, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The value of the first output line named `name` whose labels contain `fragment`.

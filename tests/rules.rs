@@ -236,6 +236,265 @@ fn metadata_follows_its_family_and_is_reunited() {
     assert_eq!(out.metadata[0].unit, "seconds");
 }
 
+fn metadata(
+    name: &str,
+    t: pb::metric_metadata::MetricType,
+    help: &str,
+    unit: &str,
+) -> pb::MetricMetadata {
+    pb::MetricMetadata {
+        r#type: t as i32,
+        metric_family_name: name.into(),
+        help: help.into(),
+        unit: unit.into(),
+    }
+}
+
+fn metadata_of<'a>(r: &'a pb::WriteRequest, name: &str) -> Vec<&'a pb::MetricMetadata> {
+    r.metadata
+        .iter()
+        .filter(|m| m.metric_family_name == name)
+        .collect()
+}
+
+#[test]
+fn rescaled_metadata_states_the_new_unit() {
+    use pb::metric_metadata::MetricType as T;
+    let p = pipeline("");
+    let req = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![
+            metadata(
+                "sglang:kv_transfer_latency_ms",
+                T::Histogram,
+                "The transfer latency of the KV cache in ms.",
+                "milliseconds",
+            ),
+            metadata(
+                "DCGM_FI_DEV_FB_USED",
+                T::Gauge,
+                "Framebuffer memory used (in MiB).",
+                "mebibytes",
+            ),
+            metadata(
+                "DCGM_FI_DEV_GPU_UTIL",
+                T::Gauge,
+                "GPU utilization (in %).",
+                "",
+            ),
+            metadata(
+                "sglang:kv_transfer_total_mb",
+                T::Gauge,
+                "The total number of tokens transferred in the KV cache.",
+                "",
+            ),
+            // Renamed, not rescaled: HELP and unit stay.
+            metadata(
+                "vllm:gpu_prefix_cache_hits_total",
+                T::Counter,
+                "GPU prefix cache hits (in tokens).",
+                "tokens",
+            ),
+        ],
+    };
+    let out = run(&p, &req);
+    let one = |name: &str| {
+        let m = metadata_of(&out, name);
+        assert_eq!(m.len(), 1, "{name} once: {:?}", out.metadata);
+        (m[0].help.clone(), m[0].unit.clone(), m[0].r#type)
+    };
+    assert_eq!(
+        one("sglang:kv_transfer_latency_seconds"),
+        (
+            "The transfer latency of the KV cache in seconds.".into(),
+            "seconds".into(),
+            T::Histogram as i32
+        )
+    );
+    assert_eq!(
+        one("DCGM_FI_DEV_FB_USED_bytes"),
+        (
+            "Framebuffer memory used (in bytes).".into(),
+            "bytes".into(),
+            T::Gauge as i32
+        )
+    );
+    assert_eq!(
+        one("DCGM_FI_DEV_GPU_UTIL_ratio").0,
+        "GPU utilization (as a ratio 0-1)."
+    );
+    assert_eq!(
+        one("sglang:kv_transfer_total_bytes").0,
+        "The total number of tokens transferred in the KV cache. \
+         (promnorm: rescaled ×2^20 to bytes)"
+    );
+    assert_eq!(
+        one("vllm:prefix_cache_hits_total"),
+        (
+            "GPU prefix cache hits (in tokens).".into(),
+            "tokens".into(),
+            T::Counter as i32
+        )
+    );
+}
+
+#[test]
+fn user_rescales_without_a_unit_get_one_from_the_name_or_none() {
+    use pb::metric_metadata::MetricType as T;
+    let dir = std::env::temp_dir().join(format!("promnorm-meta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("mine.yaml"),
+        "pack: mine\nrules:\n  - match: {family: wait_ms}\n    rename: wait_seconds\n    scale: 1/1000\n  - match: {family: depth}\n    rename: depth_scaled\n    scale: 3/2\n  - match: {family: lat}\n    rename: lat_new\n    scale: 1/1000\n    unit: seconds\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("cfg.yaml"),
+        "listen: 127.0.0.1:0\npacks:\n  builtin: none\n  files: [mine.yaml]\n",
+    )
+    .unwrap();
+    let cfg = Config::load(&dir.join("cfg.yaml")).unwrap();
+    let p = Pipeline::new(Arc::new(cfg.validate().unwrap()), PipelineLimits::default());
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![],
+            metadata: vec![
+                metadata(
+                    "wait_ms",
+                    T::Gauge,
+                    "Wait (in milliseconds)",
+                    "milliseconds",
+                ),
+                metadata("depth", T::Gauge, "Queue depth", "items"),
+                metadata("lat", T::Gauge, "Latency in ms", ""),
+            ],
+        },
+    );
+    let m = metadata_of(&out, "wait_seconds");
+    assert_eq!(
+        (m[0].help.as_str(), m[0].unit.as_str()),
+        ("Wait (in seconds)", "seconds")
+    );
+    let m = metadata_of(&out, "depth_scaled");
+    assert_eq!(
+        (m[0].help.as_str(), m[0].unit.as_str()),
+        ("Queue depth (promnorm: rescaled ×3/2)", ""),
+        "a unit the name does not state is no longer known"
+    );
+    let m = metadata_of(&out, "lat_new");
+    assert_eq!(
+        (m[0].help.as_str(), m[0].unit.as_str()),
+        ("Latency in seconds", "seconds"),
+        "the rule's unit when the name states none"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn split_families_get_metadata_and_the_replaced_one_goes() {
+    use pb::metric_metadata::MetricType as T;
+    let help = "Number of bytes transferred by KV offloading";
+    let req = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![metadata(
+            "vllm:kv_offload_total_bytes_total",
+            T::Counter,
+            help,
+            "bytes",
+        )],
+    };
+    for extra in ["", "keep_original: true\n"] {
+        let out = run(&pipeline(extra), &req);
+        let got: Vec<_> = out
+            .metadata
+            .iter()
+            .map(|m| {
+                (
+                    m.metric_family_name.as_str(),
+                    m.r#type,
+                    m.help.as_str(),
+                    m.unit.as_str(),
+                )
+            })
+            .collect();
+        // keep_original keeps renamed series only: a split's inputs are not forwarded.
+        assert_eq!(
+            got,
+            [
+                (
+                    "vllm:kv_offload_load_bytes_total",
+                    T::Counter as i32,
+                    help,
+                    "bytes"
+                ),
+                (
+                    "vllm:kv_offload_store_bytes_total",
+                    T::Counter as i32,
+                    help,
+                    "bytes"
+                ),
+            ],
+            "{extra}"
+        );
+    }
+    // The series agree: nothing is left under the old name.
+    let out = run(
+        &pipeline(""),
+        &pb::WriteRequest {
+            timeseries: ["CPU_to_GPU", "GPU_to_CPU"]
+                .iter()
+                .map(|t| {
+                    series(
+                        &[
+                            ("__name__", "vllm:kv_offload_total_bytes_total"),
+                            ("transfer_type", t),
+                        ],
+                        &[(1.0, 1)],
+                    )
+                })
+                .collect(),
+            metadata: req.metadata.clone(),
+        },
+    );
+    assert!(find(&out, "vllm:kv_offload_total_bytes_total").is_empty());
+    assert!(metadata_of(&out, "vllm:kv_offload_total_bytes_total").is_empty());
+    assert_eq!(
+        metadata_of(&out, "vllm:kv_offload_load_bytes_total").len(),
+        1
+    );
+}
+
+#[test]
+fn keep_original_keeps_the_original_metadata_too() {
+    use pb::metric_metadata::MetricType as T;
+    let req = pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![metadata(
+            "DCGM_FI_DEV_FB_USED",
+            T::Gauge,
+            "Framebuffer memory used (in MiB).",
+            "",
+        )],
+    };
+    let out = run(&pipeline("keep_original: true\n"), &req);
+    let got: Vec<_> = out
+        .metadata
+        .iter()
+        .map(|m| (m.metric_family_name.as_str(), m.help.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+            (
+                "DCGM_FI_DEV_FB_USED_bytes",
+                "Framebuffer memory used (in bytes)."
+            ),
+        ]
+    );
+}
+
 #[test]
 fn collisions_merge_in_timestamp_order_without_duplicates() {
     let p = pipeline("");

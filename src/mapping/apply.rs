@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 use ahash::{AHashMap, AHashSet};
 
 use super::compile::{
-    Action, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP, Resolution, Rules, ScaleTarget,
-    Step,
+    Action, MetadataPlan, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP, Resolution, Rules,
+    ScaleTarget, Step,
 };
+use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
 use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span};
 use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, write_raw_series};
@@ -107,8 +108,6 @@ impl MapStats {
         self.dropped.iter().sum()
     }
 }
-
-type MetaTarget = Option<(Box<str>, Option<Box<str>>, bool)>;
 
 /// Output metric names the derive stage reads (inputs of derived series). The mapper
 /// records the output series with these names, after every rule has applied.
@@ -239,7 +238,9 @@ pub struct Mapper {
     index: AHashMap<u64, u32>,
     hasher: ahash::RandomState,
     plan_cache: AHashMap<Box<str>, Option<Arc<Plan>>>,
-    meta_cache: AHashMap<Box<str>, MetaTarget>,
+    meta_cache: AHashMap<Box<str>, Option<Arc<MetadataPlan>>>,
+    /// A rescaled family's restated HELP text, reused across entries.
+    help_buf: Vec<u8>,
     meta_seen: AHashSet<u64>,
     le_styles: AHashMap<Box<str>, FloatStyle>,
     gather_samples: Vec<SampleView>,
@@ -908,14 +909,12 @@ impl Mapper {
     ) {
         for md in &req.metadata {
             let family = md.family.str(buf);
-            let target = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
+            let plan = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
                 None
             } else if let Some(t) = self.meta_cache.get(family) {
                 t.clone()
             } else {
-                let t = rules
-                    .metadata_target(family)
-                    .map(|(n, u, d)| (n.into_boxed_str(), u.map(String::into_boxed_str), d));
+                let t = rules.metadata_plan(family).map(Arc::new);
                 if self.meta_cache.len() >= PLAN_CACHE_LIMIT {
                     self.meta_cache.clear();
                 }
@@ -924,7 +923,7 @@ impl Mapper {
             };
             // COUNTER (1) families no pack knows, written without `_total`: learn them.
             if learn_counters
-                && target.is_none()
+                && plan.is_none()
                 && md.metric_type == 1
                 && !family.ends_with("_total")
                 && !self.counters_seen.contains(family)
@@ -932,28 +931,44 @@ impl Mapper {
             {
                 self.learnt.push(family.into());
             }
-            let name: &[u8] = match &target {
-                Some((_, _, true)) => continue,
-                Some((n, _, _)) => n.as_bytes(),
-                None => family.as_bytes(),
-            };
-            let mut h = self.hasher.build_hasher();
-            h.write(name);
-            if !self.meta_seen.insert(h.finish()) {
-                continue; // re-united family: one metadata entry is enough
-            }
-            match &target {
-                None => write_raw_metadata(out, md.raw.bytes(buf)),
-                Some((n, unit, _)) => {
-                    let unit = unit
-                        .as_deref()
-                        .map(str::as_bytes)
-                        .unwrap_or(md.unit.bytes(buf));
-                    write_metadata(out, md.metric_type, n.as_bytes(), md.help.bytes(buf), unit);
+            let Some(plan) = plan else {
+                if self.first_meta(family.as_bytes()) {
+                    write_raw_metadata(out, md.raw.bytes(buf));
+                    self.stats.metadata_out += 1;
                 }
+                continue;
+            };
+            if plan.keep_input && self.first_meta(family.as_bytes()) {
+                write_raw_metadata(out, md.raw.bytes(buf));
+                self.stats.metadata_out += 1;
             }
-            self.stats.metadata_out += 1;
+            for o in &plan.outputs {
+                if !self.first_meta(o.name.as_bytes()) {
+                    continue; // re-united family: one metadata entry is enough
+                }
+                let unit = o
+                    .unit
+                    .as_deref()
+                    .map(str::as_bytes)
+                    .unwrap_or(md.unit.bytes(buf));
+                let help = match o.rescale {
+                    Some(f) => {
+                        meta::rewrite_help(md.help.bytes(buf), f, o.help_unit, &mut self.help_buf);
+                        &self.help_buf[..]
+                    }
+                    None => md.help.bytes(buf),
+                };
+                write_metadata(out, md.metric_type, o.name.as_bytes(), help, unit);
+                self.stats.metadata_out += 1;
+            }
         }
+    }
+
+    /// True the first time this request writes metadata for family `name`.
+    fn first_meta(&mut self, name: &[u8]) -> bool {
+        let mut h = self.hasher.build_hasher();
+        h.write(name);
+        self.meta_seen.insert(h.finish())
     }
 }
 

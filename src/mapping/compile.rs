@@ -102,6 +102,27 @@ pub struct Plan {
     pub trace: Vec<String>,
 }
 
+/// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataPlan {
+    /// Also forward the input entry as it is (`keep_original`: the original series stay).
+    pub keep_input: bool,
+    /// Entries written in its place; none (and no `keep_input`): the family is dropped.
+    pub outputs: Vec<MetadataOutput>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataOutput {
+    pub name: Box<str>,
+    /// The unit field to write; `None`: the input's.
+    pub unit: Option<Box<str>>,
+    /// The family's values are rescaled by this: its HELP is restated
+    /// ([`super::meta::rewrite_help`]) …
+    pub rescale: Option<Factor>,
+    /// … in this unit: the one its name states, else the rule's `unit:`.
+    pub help_unit: Option<super::meta::NameUnit>,
+}
+
 /// How a name resolves.
 #[derive(Clone, Debug)]
 pub enum Resolution {
@@ -403,6 +424,13 @@ impl Rules {
                 continue;
             };
             let steps_before = plan.steps.len();
+            // What this rule does, in words, for `explain`.
+            let mut details: Vec<String> = Vec::new();
+            if !r.when.is_empty() {
+                let cond: Vec<String> =
+                    r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                details.push(format!("only series with {}", cond.join(", ")));
+            }
             let pack = r.pack;
             let when = r.when.clone();
             let push = |plan: &mut Plan, action: Action| {
@@ -421,6 +449,7 @@ impl Rules {
                 continue;
             }
             for (from, to) in &r.rename_labels {
+                details.push(format!("label {from} → {to}"));
                 push(
                     &mut plan,
                     Action::RenameLabel {
@@ -430,6 +459,7 @@ impl Rules {
                 );
             }
             for (label, from, to) in &r.label_values {
+                details.push(format!("{label}=\"{from}\" → {label}=\"{to}\""));
                 push(
                     &mut plan,
                     Action::MapLabelValue {
@@ -448,7 +478,12 @@ impl Rules {
                             series_name(base, r.family_type, kind).into_boxed_str(),
                         )
                     })
-                    .collect();
+                    .collect::<Vec<(Box<str>, Box<str>)>>();
+                let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+                details.push(format!(
+                    "split by {label}: {}; other values keep the name",
+                    to.join(", ")
+                ));
                 push(
                     &mut plan,
                     Action::SplitByLabel {
@@ -458,6 +493,7 @@ impl Rules {
                 );
             }
             for (n, v) in &r.set_labels {
+                details.push(format!("sets {n}=\"{v}\""));
                 push(
                     &mut plan,
                     Action::SetLabel {
@@ -467,6 +503,7 @@ impl Rules {
                 );
             }
             for n in &r.drop_labels {
+                details.push(format!("drops label {n}"));
                 push(&mut plan, Action::DropLabel(n.clone()));
             }
             if let Some(factor) = r.scale {
@@ -475,13 +512,22 @@ impl Rules {
                     Kind::Bucket => Some(ScaleTarget::Le),
                     Kind::Count | Kind::Created => None,
                 };
+                details.push(match target {
+                    Some(ScaleTarget::Value) => format!("values {factor}"),
+                    Some(ScaleTarget::Le) => {
+                        format!("le values {factor} (bucket counts unchanged)")
+                    }
+                    None if kind == Kind::Count => "a count: not rescaled".into(),
+                    None => "a timestamp: not rescaled".into(),
+                });
                 if let Some(target) = target {
                     push(&mut plan, Action::Scale { factor, target });
                 }
                 plan.rescales = true;
             }
             let new_name = series_name(&target_base, r.family_type, kind);
-            if new_name != cur {
+            let renamed = new_name != cur;
+            if renamed {
                 push(&mut plan, Action::SetName(new_name.as_str().into()));
                 if self.packs[pack as usize].keep_original {
                     plan.keep_original = true;
@@ -489,7 +535,16 @@ impl Rules {
                 cur = new_name;
             }
             if plan.steps.len() > steps_before {
-                plan.trace.push(format!("{} → {}", r.describe, cur));
+                let mut line = r.describe.clone();
+                if !details.is_empty() {
+                    line.push_str(": ");
+                    line.push_str(&details.join("; "));
+                }
+                if renamed {
+                    line.push_str(" → ");
+                    line.push_str(&cur);
+                }
+                plan.trace.push(line);
             }
         }
         if !phase_done_dedup {
@@ -591,37 +646,92 @@ impl Rules {
         }
     }
 
-    /// Metadata family name → (new family name, unit to write), or `None` when no rule
-    /// renames it. Tries the family as a series name, then as a histogram/counter base.
-    pub fn metadata_target(&self, family: &str) -> Option<(String, Option<String>, bool)> {
+    /// What forwarded metadata of `family` becomes, or `None` when no rule changes it.
+    /// Tries the family as a series name, then as a histogram/counter base. Only
+    /// unconditional steps count: metadata carries no labels to match.
+    pub fn metadata_plan(&self, family: &str) -> Option<MetadataPlan> {
         for (suffix, strip) in [("", ""), ("_bucket", "_bucket"), ("_total", "")] {
             let probe = format!("{family}{suffix}");
             let plan = match self.lookup(&probe) {
-                Some(Resolution::Plan(p)) => Some((**p).clone()),
+                Some(Resolution::Plan(p)) => Some(p.clone()),
                 Some(Resolution::OutputName) => None,
-                None if self.needs_pattern_lookup() => self.plan_for(&probe),
+                None if self.needs_pattern_lookup() => self.plan_for(&probe).map(Arc::new),
                 None => None,
             };
             let Some(plan) = plan else { continue };
-            let dropped = plan
-                .steps
-                .iter()
-                .any(|s| s.when.is_empty() && matches!(s.action, Action::Drop(_)));
-            let mut name = None;
-            for s in &plan.steps {
-                if let Action::SetName(n) = &s.action
-                    && s.when.is_empty()
-                {
-                    name = Some(n.to_string());
+            let mut dropped = false;
+            let mut name: Option<&str> = None;
+            let mut split: Option<&[(Box<str>, Box<str>)]> = None;
+            let mut factor = Factor::ONE;
+            for s in plan.steps.iter().filter(|s| s.when.is_empty()) {
+                match &s.action {
+                    Action::Drop(_) => dropped = true,
+                    // A later rename renames split series too.
+                    Action::SetName(n) => (name, split) = (Some(&**n), None),
+                    Action::SplitByLabel { names, .. } => split = Some(names),
+                    Action::Scale { factor: f, .. } => factor = factor.then(*f),
+                    _ => {}
                 }
             }
-            let unit = self.unit_for(&probe);
-            let name = name.map(|n| n.strip_suffix(strip).map(str::to_string).unwrap_or(n));
-            if name.is_some() || dropped || unit.is_some() {
-                return Some((name.unwrap_or_else(|| family.to_string()), unit, dropped));
+            if dropped {
+                return Some(MetadataPlan::default());
             }
+            let strip = |n: &str| -> Box<str> { n.strip_suffix(strip).unwrap_or(n).into() };
+            let names: Vec<Box<str>> = match (split, name) {
+                // Each family a split produces; a series with a value the split does not
+                // name keeps the old name, but carries no metadata of its own.
+                (Some(split), _) => split.iter().map(|(_, n)| strip(n)).collect(),
+                (None, Some(n)) => vec![strip(n)],
+                (None, None) => vec![family.into()],
+            };
+            let rescale = (!factor.is_one()).then_some(factor);
+            let unit = self.unit_for(&probe);
+            if unit.is_none() && rescale.is_none() && names.len() == 1 && &*names[0] == family {
+                continue;
+            }
+            let outputs = names
+                .into_iter()
+                .map(|name| {
+                    let help_unit = rescale.and_then(|_| {
+                        super::meta::unit_of_name(&name)
+                            .or_else(|| unit.as_deref().and_then(super::meta::unit_named))
+                    });
+                    // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
+                    let unit = match (&unit, rescale) {
+                        (Some(u), _) => Some(u.as_str().into()),
+                        (None, Some(_)) => Some(help_unit.map_or("", |u| u.unit).into()),
+                        (None, None) => None,
+                    };
+                    MetadataOutput {
+                        name,
+                        unit,
+                        rescale,
+                        help_unit,
+                    }
+                })
+                .collect();
+            return Some(MetadataPlan {
+                keep_input: plan.keep_original,
+                outputs,
+            });
         }
         None
+    }
+
+    /// The `_bucket`, `_sum` and `_count` series that rules match as members of the
+    /// histogram or summary family `family` (the name `# TYPE` lines and dashboards use).
+    pub fn family_members(&self, family: &str) -> Vec<String> {
+        [Kind::Bucket, Kind::Sum, Kind::Count]
+            .into_iter()
+            .map(|kind| (kind, format!("{family}{}", kind.suffix())))
+            .filter(|(kind, name)| {
+                self.rules.iter().any(|r| {
+                    !matches!(r.matcher, Matcher::Prefix(_))
+                        && self.cover(r, name).is_some_and(|(k, _)| k == *kind)
+                })
+            })
+            .map(|(_, name)| name)
+            .collect()
     }
 
     fn unit_for(&self, name: &str) -> Option<String> {

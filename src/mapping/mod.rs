@@ -3,11 +3,12 @@
 
 pub mod apply;
 pub mod compile;
+pub mod meta;
 pub mod number;
 pub mod spec;
 
 pub use apply::{
     CounterFamilies, MapContext, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
 };
-pub use compile::{CompileError, GlobalOptions, PackOptions, Rules};
+pub use compile::{CompileError, GlobalOptions, MetadataPlan, PackOptions, Rules};
 pub use spec::PackSpec;

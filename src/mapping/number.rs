@@ -59,15 +59,41 @@ impl Factor {
     }
 }
 
+/// `÷1000`, `×2^20`, `×4`, `÷10^6`, `×60`, `×3/2`: the exact factor as `explain` and
+/// rewritten HELP texts show it. Writes through the formatter only (no allocation).
 impl std::fmt::Display for Factor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.den == 1 {
-            write!(f, "×{}", self.num)
+            f.write_str("×")?;
+            write_integer(f, self.num)
         } else if self.num == 1 {
-            write!(f, "÷{}", self.den)
+            f.write_str("÷")?;
+            write_integer(f, self.den)
         } else {
-            write!(f, "×{}/{}", self.num, self.den)
+            f.write_str("×")?;
+            write_integer(f, self.num)?;
+            f.write_str("/")?;
+            write_integer(f, self.den)
         }
+    }
+}
+
+/// Large powers read as powers: binary units from 2^10 (MiB is 2^20, not 1048576),
+/// decimal ones from 10^6 (1000 and 100 stay as they are written in mappings).
+fn write_integer(f: &mut std::fmt::Formatter<'_>, n: u64) -> std::fmt::Result {
+    if n >= 1024 && n.is_power_of_two() {
+        return write!(f, "2^{}", n.trailing_zeros());
+    }
+    let mut exp = 0;
+    let mut rest = n;
+    while rest >= 10 && rest % 10 == 0 {
+        rest /= 10;
+        exp += 1;
+    }
+    if rest == 1 && exp >= 6 {
+        write!(f, "10^{exp}")
+    } else {
+        write!(f, "{n}")
     }
 }
 
@@ -330,6 +356,21 @@ mod tests {
         );
         assert!(Factor::parse("0.001").is_err());
         assert!(Factor::parse("0").is_err());
+    }
+
+    #[test]
+    fn factors_display_exactly_with_readable_powers() {
+        let show = |t: &str| Factor::parse(t).unwrap().to_string();
+        assert_eq!(show("1/1000"), "÷1000");
+        assert_eq!(show("1048576"), "×2^20");
+        assert_eq!(show("2^30"), "×2^30");
+        assert_eq!(show("4"), "×4");
+        assert_eq!(show("60"), "×60");
+        assert_eq!(show("1/100"), "÷100");
+        assert_eq!(show("1/1000000"), "÷10^6");
+        assert_eq!(show("1e9"), "×10^9");
+        assert_eq!(show("3/2"), "×3/2");
+        assert_eq!(show("1000/1024"), "×125/128");
     }
 
     #[test]
