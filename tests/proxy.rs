@@ -320,7 +320,10 @@ async fn telemetry_health_and_readiness() {
     ] {
         assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
     }
-    assert!(m.contains("# TYPE process_cpu_seconds_total counter"), "{m}");
+    assert!(
+        m.contains("# TYPE process_cpu_seconds_total counter"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
