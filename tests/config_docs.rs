@@ -41,7 +41,13 @@ fn flatten(v: &Value, prefix: &str, out: &mut BTreeMap<String, Value>) {
 }
 
 /// Maps whose keys are the user's (header names, pack names, label names).
-const FREE_FORM: &[&str] = &["headers", "keep_original", "sum_over_ranks", "builtin", "match"];
+const FREE_FORM: &[&str] = &[
+    "headers",
+    "keep_original",
+    "sum_over_ranks",
+    "builtin",
+    "match",
+];
 
 fn last(path: &str) -> &str {
     path.rsplit('.').next().unwrap_or(path)
