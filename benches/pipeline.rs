@@ -8,6 +8,7 @@
 //! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
 //! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on).
 
+use promnorm::app::Assemble;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"). Installs what the tests need into
+# The test command (README "Two commands"). Installs what the tests need into
 # ./.e2e-bin (Debian's prometheus via apt-get download + dpkg -x: no service manager,
 # nothing installed system-wide), then runs every test, end-to-end ones included.
 set -euo pipefail

@@ -4,6 +4,7 @@
 //! series, state across requests) → [`wire`] (encode) → [`forward`]. [`pipeline`] ties the stages together on reusable buffers; [`server`]
 //! and [`normalize`] are its two front ends. See ARCHITECTURE.md.
 
+pub mod app;
 pub mod config;
 pub mod derive;
 pub mod explain;

@@ -3,7 +3,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use promnorm::config::{BackendConfig, Config, parse_duration};
+use promnorm::app::Assemble;
+use promnorm::config::{BackendConfig, Config, LogFormat, parse_duration};
 
 #[derive(Parser)]
 #[command(
@@ -171,7 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rules = cfg.validate()?;
             // What serve builds next: backends (credentials, TLS files) and the ingest
             // token, so a configuration check-config accepts, serve accepts.
-            promnorm::server::AppState::from_config(&cfg)?;
+            promnorm::app::app_state(&cfg)?;
             for w in cfg.warnings() {
                 eprintln!("promnorm: warning: {w}");
             }
@@ -245,16 +246,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             if let Some(f) = log_format {
                 cfg.log_format = if f == "json" {
-                    promnorm::config::LogFormat::Json
+                    LogFormat::Json
                 } else {
-                    promnorm::config::LogFormat::Text
+                    LogFormat::Text
                 };
             }
-            promnorm::telemetry::init_logging(cfg.log_format, log_level.as_deref());
+            promnorm::telemetry::init_logging(
+                cfg.log_format == LogFormat::Json,
+                log_level.as_deref(),
+            );
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(promnorm::server::serve(cfg))?;
+            rt.block_on(promnorm::app::serve(cfg))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -4,7 +4,6 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::config::LogFormat;
 use crate::mapping::{MapStats, Rules};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -14,12 +13,12 @@ static START_TIME: OnceLock<f64> = OnceLock::new();
 /// a first sample before the first event.
 fn register_at_zero() {
     for name in [
-        "promnorm_samples_received_total",
-        "promnorm_series_collisions_total",
-        "promnorm_native_histograms_unscaled_total",
-        "promnorm_derived_incomplete_points_total",
-        "promnorm_derived_inputs_without_peak_total",
-        "promnorm_derived_ranks_forgotten_total",
+        SAMPLES_RECEIVED,
+        SERIES_COLLISIONS,
+        NATIVE_UNSCALED,
+        DERIVED_INCOMPLETE,
+        DERIVED_NO_PEAK,
+        DERIVED_RANKS_FORGOTTEN,
     ] {
         metrics::counter!(name).absolute(0);
     }
@@ -30,20 +29,17 @@ fn register_at_zero() {
 /// samples per derived series.
 pub fn register_pipeline(rules: &Rules, derived_series: impl Iterator<Item = &'static str>) {
     for reason in rules.reasons() {
-        metrics::counter!("promnorm_samples_dropped_total", "reason" => reason.clone())
-            .increment(0);
+        metrics::counter!(SAMPLES_DROPPED, "reason" => reason.clone()).increment(0);
     }
     for pack in rules.packs() {
-        metrics::counter!("promnorm_series_renamed_total", "pack" => pack.name.clone())
-            .increment(0);
-        metrics::counter!("promnorm_series_rescaled_total", "pack" => pack.name.clone())
-            .increment(0);
+        metrics::counter!(SERIES_RENAMED, "pack" => pack.name.clone()).increment(0);
+        metrics::counter!(SERIES_RESCALED, "pack" => pack.name.clone()).increment(0);
     }
     for series in derived_series {
-        metrics::counter!("promnorm_derived_samples_total", "series" => series).increment(0);
+        metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(0);
     }
     for reason in ["stale", "max_series"] {
-        metrics::counter!("promnorm_derived_evictions_total", "reason" => reason).increment(0);
+        metrics::counter!(DERIVED_EVICTIONS, "reason" => reason).increment(0);
     }
 }
 
@@ -141,7 +137,7 @@ pub fn metrics_handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
-                    Matcher::Full("promnorm_backend_request_duration_seconds".into()),
+                    Matcher::Full(BACKEND_DURATION.into()),
                     &[
                         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                         10.0, 30.0,
@@ -155,7 +151,7 @@ pub fn metrics_handle() -> PrometheusHandle {
             describe();
             register_at_zero();
             metrics::gauge!(
-                "promnorm_build_info",
+                BUILD_INFO,
                 "version" => crate::VERSION,
                 "revision" => crate::REVISION,
                 "rustc" => crate::RUSTC_VERSION
@@ -171,56 +167,198 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Every metric promnorm exports: name, kind, description. Declared once; the emitters
+/// below are the only places that write them (docs/telemetry.md lists them for users).
+pub const METRICS: &[(&str, Kind, &str)] = &[
+    (
+        REQUESTS,
+        Kind::Counter,
+        "Remote-write requests answered, by status code.",
+    ),
+    (
+        SAMPLES_RECEIVED,
+        Kind::Counter,
+        "Samples (float and native histogram) received.",
+    ),
+    (
+        SAMPLES_FORWARDED,
+        Kind::Counter,
+        "Samples delivered, by backend.",
+    ),
+    (
+        SAMPLES_DROPPED,
+        Kind::Counter,
+        "Samples not forwarded, by the configured rule or limit that dropped them.",
+    ),
+    (
+        SERIES_RENAMED,
+        Kind::Counter,
+        "Series renamed (name, label or label value), by pack.",
+    ),
+    (
+        SERIES_RESCALED,
+        Kind::Counter,
+        "Series rescaled to base units, by pack.",
+    ),
+    (
+        SERIES_COLLISIONS,
+        Kind::Counter,
+        "Input series merged onto an existing output series.",
+    ),
+    (
+        NATIVE_UNSCALED,
+        Kind::Counter,
+        "Native histograms forwarded unchanged under a rescale rule.",
+    ),
+    (
+        DERIVED_SAMPLES,
+        Kind::Counter,
+        "Derived samples emitted, by derived series.",
+    ),
+    (
+        DERIVED_EVICTIONS,
+        Kind::Counter,
+        "Derived-series state dropped, by reason (stale, max_series).",
+    ),
+    (
+        DERIVED_INCOMPLETE,
+        Kind::Counter,
+        "Derived points given up because one input never reported that timestamp.",
+    ),
+    (
+        DERIVED_NO_PEAK,
+        Kind::Counter,
+        "MFU/MBU input series that no configured peak matches (per series per request).",
+    ),
+    (
+        DERIVED_RANKS_FORGOTTEN,
+        Kind::Counter,
+        "Ranks a sum over ranks stopped waiting for.",
+    ),
+    (
+        DERIVED_STATE_SERIES,
+        Kind::Gauge,
+        "Series held in derived-series state.",
+    ),
+    (
+        BACKEND_REQUESTS,
+        Kind::Counter,
+        "Requests sent to backends, by backend and code (or timeout, error).",
+    ),
+    (
+        BACKEND_DURATION,
+        Kind::Histogram,
+        "Backend request latency.",
+    ),
+    (
+        BACKEND_MISCONFIGURED,
+        Kind::Gauge,
+        "1 while the backend refuses promnorm's credentials or URL (401, 403, 404, 405, 407).",
+    ),
+    (CONNECTIONS_OPEN, Kind::Gauge, "Open client connections."),
+    (
+        BUILD_INFO,
+        Kind::Gauge,
+        "Version, revision and rustc of this binary (value 1).",
+    ),
+];
+
+pub const REQUESTS: &str = "promnorm_requests_total";
+pub const SAMPLES_RECEIVED: &str = "promnorm_samples_received_total";
+pub const SAMPLES_FORWARDED: &str = "promnorm_samples_forwarded_total";
+pub const SAMPLES_DROPPED: &str = "promnorm_samples_dropped_total";
+pub const SERIES_RENAMED: &str = "promnorm_series_renamed_total";
+pub const SERIES_RESCALED: &str = "promnorm_series_rescaled_total";
+pub const SERIES_COLLISIONS: &str = "promnorm_series_collisions_total";
+pub const NATIVE_UNSCALED: &str = "promnorm_native_histograms_unscaled_total";
+pub const DERIVED_SAMPLES: &str = "promnorm_derived_samples_total";
+pub const DERIVED_EVICTIONS: &str = "promnorm_derived_evictions_total";
+pub const DERIVED_INCOMPLETE: &str = "promnorm_derived_incomplete_points_total";
+pub const DERIVED_NO_PEAK: &str = "promnorm_derived_inputs_without_peak_total";
+pub const DERIVED_RANKS_FORGOTTEN: &str = "promnorm_derived_ranks_forgotten_total";
+pub const DERIVED_STATE_SERIES: &str = "promnorm_derived_state_series";
+pub const BACKEND_REQUESTS: &str = "promnorm_backend_requests_total";
+pub const BACKEND_DURATION: &str = "promnorm_backend_request_duration_seconds";
+pub const BACKEND_MISCONFIGURED: &str = "promnorm_backend_misconfigured";
+pub const CONNECTIONS_OPEN: &str = "promnorm_http_connections_open";
+pub const BUILD_INFO: &str = "promnorm_build_info";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        "promnorm_requests_total",
-        "Remote-write requests answered, by status code."
-    );
-    describe_counter!(
-        "promnorm_samples_received_total",
-        "Samples (float and native histogram) received."
-    );
-    describe_counter!(
-        "promnorm_samples_forwarded_total",
-        "Samples delivered, by backend."
-    );
-    describe_counter!(
-        "promnorm_samples_dropped_total",
-        "Samples dropped by a configured rule, by reason."
-    );
-    describe_counter!(
-        "promnorm_series_renamed_total",
-        "Series renamed (name, label or label value), by pack."
-    );
-    describe_counter!(
-        "promnorm_series_rescaled_total",
-        "Series rescaled to base units, by pack."
-    );
-    describe_counter!(
-        "promnorm_series_collisions_total",
-        "Input series merged onto an existing output series."
-    );
-    describe_counter!(
-        "promnorm_native_histograms_unscaled_total",
-        "Native histograms forwarded unchanged under a rescale rule."
-    );
-    describe_counter!(
-        "promnorm_derived_samples_total",
-        "Derived samples emitted, by series."
-    );
-    describe_counter!(
-        "promnorm_backend_requests_total",
-        "Requests sent to backends, by backend and code."
-    );
-    describe_histogram!(
-        "promnorm_backend_request_duration_seconds",
-        "Backend request latency."
-    );
-    describe_gauge!(
-        "promnorm_derived_state_series",
-        "Series held in derived-series state."
-    );
+    for (name, kind, help) in METRICS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
+}
+
+// Typed emitters: the request path, the backends and the derive stage call these.
+
+pub fn request_answered(code: u16) {
+    metrics::counter!(REQUESTS, "code" => code.to_string()).increment(1);
+}
+
+pub fn samples_received(n: u64) {
+    metrics::counter!(SAMPLES_RECEIVED).increment(n);
+}
+
+pub fn samples_forwarded(backend: &str, n: u64) {
+    metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+}
+
+pub fn samples_dropped(reason: &'static str, n: u64) {
+    metrics::counter!(SAMPLES_DROPPED, "reason" => reason).increment(n);
+}
+
+pub fn derived_samples(series: &'static str, n: u64) {
+    metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(n);
+}
+
+pub fn backend_request(backend: &str, code: String, seconds: f64) {
+    metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()).record(seconds);
+    metrics::counter!(BACKEND_REQUESTS, "backend" => backend.to_string(), "code" => code)
+        .increment(1);
+}
+
+pub fn backend_misconfigured(backend: &str, refused: bool) {
+    metrics::gauge!(BACKEND_MISCONFIGURED, "backend" => backend.to_string()).set(if refused {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub fn connections_open() -> metrics::Gauge {
+    metrics::gauge!(CONNECTIONS_OPEN)
+}
+
+/// The derive stage's own counts, read at scrape time.
+pub struct DerivedState {
+    pub series: usize,
+    pub evicted_stale: u64,
+    pub evicted_limit: u64,
+    pub incomplete: u64,
+    pub no_peak: u64,
+    pub ranks_gone: u64,
+    pub backlog_dropped: u64,
+}
+
+pub fn derived_state(s: &DerivedState) {
+    metrics::gauge!(DERIVED_STATE_SERIES).set(s.series as f64);
+    metrics::counter!(DERIVED_EVICTIONS, "reason" => "stale").absolute(s.evicted_stale);
+    metrics::counter!(DERIVED_EVICTIONS, "reason" => "max_series").absolute(s.evicted_limit);
+    metrics::counter!(DERIVED_INCOMPLETE).absolute(s.incomplete);
+    metrics::counter!(DERIVED_NO_PEAK).absolute(s.no_peak);
+    metrics::counter!(DERIVED_RANKS_FORGOTTEN).absolute(s.ranks_gone);
+    metrics::counter!(SAMPLES_DROPPED, "reason" => "derived_backlog").absolute(s.backlog_dropped);
 }
 
 /// Adds one request's mapping counts to the global counters.
@@ -229,37 +367,37 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
         if *n > 0
             && let Some(reason) = rules.reasons().get(i)
         {
-            metrics::counter!("promnorm_samples_dropped_total", "reason" => reason.clone())
-                .increment(*n);
+            metrics::counter!(SAMPLES_DROPPED, "reason" => reason.clone()).increment(*n);
         }
     }
     for (i, n) in stats.renamed.iter().enumerate() {
         if *n > 0 {
-            metrics::counter!("promnorm_series_renamed_total", "pack" => rules.packs()[i].name.clone()).increment(*n);
+            metrics::counter!(SERIES_RENAMED, "pack" => rules.packs()[i].name.clone())
+                .increment(*n);
         }
     }
     for (i, n) in stats.rescaled.iter().enumerate() {
         if *n > 0 {
-            metrics::counter!("promnorm_series_rescaled_total", "pack" => rules.packs()[i].name.clone()).increment(*n);
+            metrics::counter!(SERIES_RESCALED, "pack" => rules.packs()[i].name.clone())
+                .increment(*n);
         }
     }
     if stats.collisions > 0 {
-        metrics::counter!("promnorm_series_collisions_total").increment(stats.collisions);
+        metrics::counter!(SERIES_COLLISIONS).increment(stats.collisions);
     }
     if stats.metadata_total_fixes > 0 {
-        metrics::counter!("promnorm_series_renamed_total", "pack" => "metadata_total_fix")
+        metrics::counter!(SERIES_RENAMED, "pack" => "metadata_total_fix")
             .increment(stats.metadata_total_fixes);
     }
     if stats.native_unscaled > 0 {
-        metrics::counter!("promnorm_native_histograms_unscaled_total")
-            .increment(stats.native_unscaled);
+        metrics::counter!(NATIVE_UNSCALED).increment(stats.native_unscaled);
     }
 }
 
 /// Logs to stderr: `level` (a `RUST_LOG`-style filter, e.g. `debug` or
 /// `promnorm=debug,info`) wins over `RUST_LOG`, default `info`; colours only on a
 /// terminal.
-pub fn init_logging(format: LogFormat, level: Option<&str>) {
+pub fn init_logging(json: bool, level: Option<&str>) {
     use std::io::IsTerminal;
     let filter = match level {
         Some(l) => tracing_subscriber::EnvFilter::new(l),
@@ -270,8 +408,9 @@ pub fn init_logging(format: LogFormat, level: Option<&str>) {
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
     };
 }

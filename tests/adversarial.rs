@@ -4,6 +4,7 @@
 
 mod common;
 
+use promnorm::app::Assemble;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::process::{Child, Command, Stdio};

@@ -6,6 +6,7 @@
 //! their ConfigMap passes `Config::validate`. With `PROMETHEUS_BIN` set (scripts/test.sh
 //! sets it), promtool (beside it) also checks the PromQL and runs the alerts' unit tests.
 
+use promnorm::app::Assemble;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,6 +3,7 @@
 
 mod common;
 
+use promnorm::app::Assemble;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -11,6 +11,7 @@
 
 mod common;
 
+use promnorm::app::Assemble;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -11,6 +11,7 @@
 //!
 //! `UPDATE_GOLDEN=1` rewrites the expected files; review the diff before committing.
 
+use promnorm::app::Assemble;
 use std::path::{Path, PathBuf};
 
 use promnorm::config::Config;

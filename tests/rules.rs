@@ -4,6 +4,7 @@
 
 mod common;
 
+use promnorm::app::Assemble;
 use std::sync::Arc;
 
 use common::*;

@@ -7,6 +7,7 @@
 //!   `cargo test --release --test zero_alloc -- --nocapture`.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
 
+use promnorm::app::Assemble;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;

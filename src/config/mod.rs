@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::mapping::{GlobalOptions, PackOptions, PackSpec, Rules};
-
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
 
@@ -40,8 +38,6 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Invalid(String),
-    #[error("{0}")]
-    Rules(#[from] crate::mapping::CompileError),
 }
 
 /// promnorm's configuration. Every key has a default (documented on its field); a file
@@ -674,7 +670,12 @@ impl Config {
     }
 
     /// An error about the value `value` of `key`, with its position.
-    fn invalid_at(&self, key: &str, value: &str, message: impl std::fmt::Display) -> ConfigError {
+    pub fn invalid_at(
+        &self,
+        key: &str,
+        value: &str,
+        message: impl std::fmt::Display,
+    ) -> ConfigError {
         ConfigError::Invalid(format!("{}{message}", self.position(key, value)))
     }
 
@@ -770,7 +771,10 @@ impl Config {
     }
 
     /// Checks everything that can be checked without the network: backends, packs, rules.
-    pub fn validate(&self) -> Result<Rules, ConfigError> {
+    /// Checks what can be checked on the configuration itself, with positions: paths,
+    /// listen address, backends (URLs, credentials and CA files readable, header
+    /// pass-through, names). `app::Assemble::validate` adds packs and derived series.
+    pub fn check(&self) -> Result<(), ConfigError> {
         if let Some(p) = self.write_paths.iter().find(|p| !p.starts_with('/')) {
             return Err(self.invalid_at(
                 "write_paths",
@@ -837,192 +841,8 @@ impl Config {
                 )));
             }
         }
-        self.derive_settings()?;
-        self.compile_rules()
+        Ok(())
     }
-
-    /// The derived-series settings, peaks resolved; `None` when derived series are off.
-    pub fn derive_settings(&self) -> Result<Option<crate::derive::DeriveSettings>, ConfigError> {
-        let d = &self.derived;
-        if !d.enabled {
-            return Ok(None);
-        }
-        if d.max_series == 0 || d.max_pending_samples == 0 {
-            return Err(ConfigError::Invalid(
-                "derived: max_series and max_pending_samples must be positive".into(),
-            ));
-        }
-        if d.window.is_some_and(|w| w.is_zero()) {
-            return Err(ConfigError::Invalid(
-                "derived: window must be positive".into(),
-            ));
-        }
-        let mut peaks = Vec::new();
-        for (i, p) in d.peaks.iter().enumerate() {
-            let gpu = match &p.gpu {
-                None => None,
-                Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
-                    self.invalid_at(
-                        "gpu",
-                        model,
-                        format!(
-                            "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
-                            crate::derive::gpus::known_names().join(", ")
-                        ),
-                    )
-                })?),
-            };
-            let flops = p.flops.or(gpu.map(|g| g.flops));
-            let bandwidth = p.bandwidth.or(gpu.map(|g| g.bandwidth));
-            for (what, v) in [("flops", flops), ("bandwidth", bandwidth)] {
-                if let Some(v) = v
-                    && !(v.is_finite() && v > 0.0)
-                {
-                    return Err(ConfigError::Invalid(format!(
-                        "derived.peaks[{i}]: {what} must be a positive number, not {v}"
-                    )));
-                }
-            }
-            if flops.is_none() && bandwidth.is_none() {
-                return Err(ConfigError::Invalid(format!(
-                    "derived.peaks[{i}]: needs gpu, flops or bandwidth"
-                )));
-            }
-            peaks.push(crate::derive::Peak {
-                matchers: p
-                    .matchers
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                flops,
-                bandwidth,
-            });
-        }
-        Ok(Some(crate::derive::DeriveSettings {
-            derived_series: true,
-            window: d.window,
-            stale_after: d.stale_after,
-            max_series: d.max_series,
-            max_pending_samples: d.max_pending_samples,
-            peaks,
-        }))
-    }
-
-    /// The pipeline this configuration describes: compiled packs plus derived series.
-    pub fn pipeline(&self) -> Result<crate::pipeline::Pipeline, ConfigError> {
-        self.pipeline_with(self.compile_rules()?)
-    }
-
-    /// The pipeline around already compiled rules.
-    pub fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, ConfigError> {
-        let mut p = crate::pipeline::Pipeline::new(
-            std::sync::Arc::new(rules),
-            crate::pipeline::PipelineLimits {
-                max_decoded_bytes: self.limits.max_decoded_bytes,
-                decode: crate::wire::DecodeLimits {
-                    max_series: self.limits.max_series_per_request,
-                    max_labels_per_series: self.limits.max_labels_per_series,
-                    max_label_value_bytes: self.limits.max_label_value_bytes,
-                },
-            },
-        );
-        let sums = p.rules().sums_over_ranks();
-        match self.derive_settings()? {
-            Some(settings) => {
-                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
-            }
-            // Sums over ranks are stateful too: they need the derive stage alone.
-            None if sums => {
-                let settings = crate::derive::DeriveSettings {
-                    derived_series: false,
-                    ..Default::default()
-                };
-                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
-            }
-            None => {}
-        }
-        if self.metadata_total_fix {
-            p = p.with_metadata_total_fix();
-        }
-        Ok(p)
-    }
-
-    /// Loads the enabled packs (built-in, then users' files) and compiles them.
-    pub fn compile_rules(&self) -> Result<Rules, ConfigError> {
-        let mut packs = Vec::new();
-        let known: Vec<&str> = BUILTIN_PACKS.iter().map(|(n, _)| *n).collect();
-        if let BuiltinPacks::Select(m) = &self.packs.builtin {
-            for name in m.keys() {
-                if !known.contains(&name.as_str()) {
-                    return Err(self.invalid_at(
-                        "builtin",
-                        name,
-                        format!(
-                            "unknown built-in pack {name:?} (known: {})",
-                            known.join(", ")
-                        ),
-                    ));
-                }
-            }
-        }
-        for (name, text) in BUILTIN_PACKS {
-            let on = match &self.packs.builtin {
-                BuiltinPacks::All => true,
-                BuiltinPacks::None => false,
-                BuiltinPacks::Select(m) => m.get(*name).copied().unwrap_or(true),
-            };
-            if on {
-                let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
-                packs.push(spec);
-            }
-        }
-        for f in &self.packs.files {
-            let text = std::fs::read_to_string(f).map_err(|e| ConfigError::Io {
-                file: f.display().to_string(),
-                source: e,
-            })?;
-            packs.push(parse_pack(&text, &f.display().to_string())?);
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for p in &packs {
-            if !seen.insert(p.pack.clone()) {
-                return Err(ConfigError::Invalid(format!(
-                    "two packs are named {:?}",
-                    p.pack
-                )));
-            }
-        }
-        let with_opts = packs
-            .into_iter()
-            .map(|p| {
-                let keep = self
-                    .packs
-                    .keep_original
-                    .get(&p.pack)
-                    .copied()
-                    .unwrap_or(self.keep_original);
-                let opts = PackOptions {
-                    name: p.pack.clone(),
-                    keep_original: keep,
-                    sum_over_ranks: self.packs.sum_over_ranks.get(&p.pack).copied(),
-                };
-                (p, opts)
-            })
-            .collect::<Vec<_>>();
-        Ok(Rules::compile(
-            &with_opts,
-            &GlobalOptions {
-                drop_created_series: self.drop_created_series,
-            },
-        )?)
-    }
-}
-
-pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
-    yaml::from_str(text).map_err(|source| ConfigError::Yaml {
-        file: file.to_string(),
-        source,
-    })
 }
 
 #[cfg(test)]
@@ -1034,7 +854,7 @@ mod tests {
         let c = Config::embedded_default();
         assert_eq!(c.listen, "0.0.0.0:9201");
         assert_eq!(c.backends[0].url, "http://127.0.0.1:9090/api/v1/write");
-        c.validate().unwrap();
+        c.check().unwrap();
     }
 
     #[test]

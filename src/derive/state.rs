@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::defs::{Definition, Formula, MAX_INPUTS};
-use crate::mapping::STALE_NAN_BITS;
+use crate::wire::STALE_NAN_BITS;
 
 /// Timestamps an input may run ahead of another before the oldest half-filled point is
 /// given up. Prometheus' shards usually lag each other by a batch or two, but catching up

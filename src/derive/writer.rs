@@ -12,12 +12,11 @@ use http::HeaderMap;
 use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
-use crate::forward::{Forwarder, Outcome, Sink};
+use crate::forward::{Encoded, Forwarder, Outcome, RetryPolicy, Sink, deliver_with_retries};
+use crate::telemetry;
 
 /// Samples per derived request, at most.
 const MAX_SAMPLES_PER_REQUEST: usize = 5_000;
-const MAX_ATTEMPTS: u32 = 5;
-const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Writer {
@@ -39,7 +38,7 @@ impl Writer {
             encoded: Vec::new(),
             scratch: Vec::new(),
             encoder: snap::raw::Encoder::new(),
-            backoff_base: FIRST_BACKOFF,
+            backoff_base: RetryPolicy::default().first_backoff,
         }
     }
 
@@ -81,13 +80,11 @@ impl Writer {
         }
         for (d, n) in defs.iter().zip(per_def) {
             if n > 0 {
-                metrics::counter!("promnorm_derived_samples_total", "series" => d.name)
-                    .increment(n);
+                telemetry::derived_samples(d.name, n);
             }
         }
         if rank_sums > 0 {
-            metrics::counter!("promnorm_derived_samples_total", "series" => "sum_over_ranks")
-                .increment(rank_sums);
+            telemetry::derived_samples("sum_over_ranks", rank_sums);
         }
         let mut batch = std::mem::take(&mut self.batch);
         for chunk in batch.chunks_mut(MAX_SAMPLES_PER_REQUEST) {
@@ -111,42 +108,34 @@ impl Writer {
     }
 
     async fn deliver(&self, sink: &dyn Sink, body: Bytes, samples: usize) {
-        let headers = HeaderMap::new();
-        let mut backoff = self.backoff_base;
-        for attempt in 1..=MAX_ATTEMPTS {
-            let outcome = sink.send(body.clone(), &headers).await;
-            if matches!(outcome, Outcome::Delivered) {
-                metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
-                    .increment(samples as u64);
-                return;
-            }
-            let retryable = outcome.is_retryable();
-            if !retryable {
-                tracing::warn!(
-                    backend = sink.name(),
-                    ?outcome,
-                    samples,
-                    "backend rejected derived samples"
-                );
-                count_dropped("derived_rejected", samples);
-                return;
-            }
-            if attempt < MAX_ATTEMPTS {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(8));
-            } else {
-                tracing::warn!(
-                    backend = sink.name(),
-                    ?outcome,
-                    samples,
-                    "derived samples undeliverable after retries"
-                );
-            }
+        let policy = RetryPolicy {
+            first_backoff: self.backoff_base,
+            ..RetryPolicy::default()
+        };
+        let outcome =
+            deliver_with_retries(sink, &Encoded::v1(body), &HeaderMap::new(), policy).await;
+        if matches!(outcome, Outcome::Delivered) {
+            telemetry::samples_forwarded(sink.name(), samples as u64);
+        } else if outcome.is_retryable() {
+            tracing::warn!(
+                backend = sink.name(),
+                ?outcome,
+                samples,
+                "derived samples undeliverable after retries"
+            );
+            count_dropped("derived_undeliverable", samples);
+        } else {
+            tracing::warn!(
+                backend = sink.name(),
+                ?outcome,
+                samples,
+                "backend rejected derived samples"
+            );
+            count_dropped("derived_rejected", samples);
         }
-        count_dropped("derived_undeliverable", samples);
     }
 }
 
 fn count_dropped(reason: &'static str, n: usize) {
-    metrics::counter!("promnorm_samples_dropped_total", "reason" => reason).increment(n as u64);
+    telemetry::samples_dropped(reason, n as u64);
 }

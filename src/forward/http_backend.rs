@@ -11,8 +11,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{BackendSettings, Outcome, OutcomeClass, SendFuture, Sink};
-use crate::config::{BackendConfig, ConfigError};
+use super::{
+    BackendError, BackendOptions, BackendSettings, Encoded, Outcome, OutcomeClass, SendFuture, Sink,
+};
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
 const REASON_LIMIT: usize = 512;
@@ -27,56 +28,42 @@ pub struct HttpBackend {
 }
 
 impl HttpBackend {
-    pub fn from_config(cfg: &BackendConfig, index: usize) -> Result<HttpBackend, ConfigError> {
-        let parsed = crate::config::parse_backend_url(&cfg.url)?;
-        let url = parsed.uri;
-        let name = cfg.name_or_default(index);
+    pub fn new(opts: BackendOptions) -> Result<HttpBackend, BackendError> {
+        let name = opts.name;
         let mut headers = HeaderMap::new();
-        for (k, v) in &cfg.headers {
-            let k: HeaderName = k.parse().map_err(|_| {
-                ConfigError::Invalid(format!("backend {name}: bad header name {k:?}"))
+        for (k, v) in &opts.headers {
+            let k: HeaderName = k.parse().map_err(|_| BackendError::Header {
+                backend: name.clone(),
+                what: format!("bad header name {k:?}"),
             })?;
-            let v: HeaderValue = v.parse().map_err(|_| {
-                ConfigError::Invalid(format!("backend {name}: bad value for header {k}"))
+            let v: HeaderValue = v.parse().map_err(|_| BackendError::Header {
+                backend: name.clone(),
+                what: format!("bad value for header {k}"),
             })?;
             headers.insert(k, v);
         }
-        // Credentials written in the URL become basic auth: the URL itself is then safe
-        // to log, and hyper never sees them.
-        let url_auth = parsed
-            .userinfo
-            .map(|(user, pass)| (user, crate::config::Secret::inline(pass)));
-        let basic = cfg
-            .basic_auth
-            .as_ref()
-            .map(|b| (b.username.clone(), b.password.clone()))
-            .or(url_auth);
-        if let Some((username, password)) = &basic {
-            let password = password.read()?;
-            let token = base64_encode(format!("{username}:{password}").as_bytes());
+        if let Some(b) = &opts.basic {
+            let token = base64_encode(format!("{}:{}", b.username, b.password).as_bytes());
             headers.insert(AUTHORIZATION, secret_header(&format!("Basic {token}"))?);
         }
-        if let Some(t) = &cfg.bearer_token {
-            let token = t.read()?;
-            headers.insert(
-                AUTHORIZATION,
-                secret_header(&format!("Bearer {}", token.trim()))?,
-            );
+        if let Some(t) = &opts.bearer_token {
+            headers.insert(AUTHORIZATION, secret_header(&format!("Bearer {t}"))?);
         }
-        let pass_headers = cfg
+        let pass_headers = opts
             .pass_headers
             .iter()
             .map(|h| {
-                h.parse::<HeaderName>().map_err(|_| {
-                    ConfigError::Invalid(format!("backend {name}: bad pass_headers entry {h:?}"))
+                h.parse::<HeaderName>().map_err(|_| BackendError::Header {
+                    backend: name.clone(),
+                    what: format!("bad pass_headers entry {h:?}"),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let tls = super::tls::client_config(&cfg.tls)?;
+        let tls = super::tls::client_config(&opts.tls)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(cfg.timeout));
+        http.set_connect_timeout(Some(opts.timeout));
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -89,8 +76,8 @@ impl HttpBackend {
         Ok(HttpBackend {
             settings: BackendSettings {
                 name,
-                url,
-                timeout: cfg.timeout,
+                url: opts.url,
+                timeout: opts.timeout,
                 headers,
                 pass_headers,
             },
@@ -107,8 +94,7 @@ impl HttpBackend {
         if class != OutcomeClass::Delivered && !refused {
             return;
         }
-        metrics::gauge!("promnorm_backend_misconfigured", "backend" => self.settings.name.clone())
-            .set(if refused { 1.0 } else { 0.0 });
+        crate::telemetry::backend_misconfigured(&self.settings.name, refused);
         let was = self.misconfigured.swap(refused, Ordering::Relaxed);
         if refused && !was {
             if let Outcome::Rejected { status, reason, .. } = outcome {
@@ -126,13 +112,13 @@ impl HttpBackend {
 
     fn build_request(
         &self,
-        body: Bytes,
+        body: Encoded,
         incoming: &HeaderMap,
     ) -> Result<Request<Full<Bytes>>, http::Error> {
         let mut req = Request::builder()
             .method(Method::POST)
             .uri(self.settings.url.clone())
-            .body(Full::new(body))?;
+            .body(Full::new(body.body))?;
         let h = req.headers_mut();
         for name in &self.settings.pass_headers {
             for v in incoming.get_all(name) {
@@ -146,23 +132,23 @@ impl HttpBackend {
         h.insert(CONTENT_ENCODING, HeaderValue::from_static("snappy"));
         h.insert(
             CONTENT_TYPE,
-            HeaderValue::from_static("application/x-protobuf"),
+            HeaderValue::from_static(body.protocol.content_type()),
         );
         h.insert(
             HeaderName::from_static("x-prometheus-remote-write-version"),
-            HeaderValue::from_static("0.1.0"),
+            HeaderValue::from_static(body.protocol.version_header()),
         );
         h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
         Ok(req)
     }
 
-    async fn send_inner(&self, body: Bytes, incoming: &HeaderMap) -> Outcome {
+    async fn send_inner(&self, body: Encoded, incoming: &HeaderMap) -> Outcome {
         let req = match self.build_request(body, incoming) {
             Ok(r) => r,
             Err(e) => return Outcome::Unreachable(format!("building request: {e}")),
         };
         let started = Instant::now();
-        let name = self.settings.name.clone();
+        let name = &self.settings.name;
         let result = tokio::time::timeout(self.settings.timeout, async {
             let resp = self
                 .client
@@ -180,8 +166,7 @@ impl HttpBackend {
             Ok::<_, String>((status, retry_after, body))
         })
         .await;
-        metrics::histogram!("promnorm_backend_request_duration_seconds", "backend" => name.clone())
-            .record(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
         let (code, outcome) = match result {
             Err(_) => ("timeout".to_string(), Outcome::Timeout),
             Ok(Err(e)) => ("error".to_string(), Outcome::Unreachable(e)),
@@ -204,8 +189,7 @@ impl HttpBackend {
                 (status.as_u16().to_string(), outcome)
             }
         };
-        metrics::counter!("promnorm_backend_requests_total", "backend" => name, "code" => code)
-            .increment(1);
+        crate::telemetry::backend_request(name, code, seconds);
         self.note_configuration_state(&outcome);
         outcome
     }
@@ -216,14 +200,13 @@ impl Sink for HttpBackend {
         &self.settings.name
     }
 
-    fn send<'a>(&'a self, body: Bytes, incoming: &'a HeaderMap) -> SendFuture<'a> {
+    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a> {
         Box::pin(self.send_inner(body, incoming))
     }
 }
 
-fn secret_header(v: &str) -> Result<HeaderValue, ConfigError> {
-    let mut h = HeaderValue::from_str(v)
-        .map_err(|_| ConfigError::Invalid("credential is not a valid header value".into()))?;
+fn secret_header(v: &str) -> Result<HeaderValue, BackendError> {
+    let mut h = HeaderValue::from_str(v).map_err(|_| BackendError::Credential)?;
     h.set_sensitive(true);
     Ok(h)
 }

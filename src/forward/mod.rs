@@ -42,11 +42,111 @@ pub struct Verdict {
 
 pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 
+/// The remote-write protocol version of an encoded body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Remote-write 1.0: a snappy-compressed `prometheus.WriteRequest`.
+    V1,
+}
+
+impl Protocol {
+    /// `Content-Type` of a body in this protocol.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Protocol::V1 => "application/x-protobuf",
+        }
+    }
+
+    /// `X-Prometheus-Remote-Write-Version` of a body in this protocol.
+    pub fn version_header(self) -> &'static str {
+        match self {
+            Protocol::V1 => "0.1.0",
+        }
+    }
+}
+
+/// A request body ready to send: the bytes and the protocol they are in. The request
+/// path hands these over; what a backend does with them (send now, queue, convert) is
+/// its own business.
+#[derive(Clone, Debug)]
+pub struct Encoded {
+    pub body: Bytes,
+    pub protocol: Protocol,
+}
+
+impl Encoded {
+    pub fn v1(body: Bytes) -> Encoded {
+        Encoded {
+            body,
+            protocol: Protocol::V1,
+        }
+    }
+}
+
 /// Something that accepts encoded remote-write bodies.
 pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
     /// `incoming` are the sender's headers, for configured pass-through.
-    fn send<'a>(&'a self, body: Bytes, incoming: &'a HeaderMap) -> SendFuture<'a>;
+    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a>;
+}
+
+/// How often and how patiently a failed delivery is retried.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            first_backoff: Duration::from_millis(250),
+            max_backoff: Duration::from_secs(8),
+        }
+    }
+}
+
+/// Sends `body` to `sink` until it is delivered, refused for good (a data error), or
+/// `policy.max_attempts` are spent; returns the last outcome. Retryable failures wait
+/// with exponential backoff, or the backend's `Retry-After` when it says one (capped
+/// at `max_backoff`).
+pub async fn deliver_with_retries(
+    sink: &dyn Sink,
+    body: &Encoded,
+    incoming: &HeaderMap,
+    policy: RetryPolicy,
+) -> Outcome {
+    let mut backoff = policy.first_backoff;
+    let mut attempt = 1;
+    loop {
+        let outcome = sink.send(body.clone(), incoming).await;
+        if !outcome.is_retryable() || attempt >= policy.max_attempts {
+            return outcome;
+        }
+        let wait = retry_after(&outcome)
+            .unwrap_or(backoff)
+            .min(policy.max_backoff);
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(policy.max_backoff);
+        attempt += 1;
+    }
+}
+
+/// A `Retry-After` given in seconds.
+fn retry_after(outcome: &Outcome) -> Option<Duration> {
+    match outcome {
+        Outcome::Rejected {
+            retry_after: Some(v),
+            ..
+        } => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Duration::from_secs),
+        _ => None,
+    }
 }
 
 /// Fans a body out to every sink and combines the outcomes.
@@ -68,7 +168,7 @@ impl Forwarder {
     }
 
     /// Sends to all sinks concurrently; returns each outcome in sink order.
-    pub async fn send_all(&self, body: Bytes, incoming: &HeaderMap) -> Vec<Outcome> {
+    pub async fn send_all(&self, body: Encoded, incoming: &HeaderMap) -> Vec<Outcome> {
         let futs = self.sinks.iter().map(|s| s.send(body.clone(), incoming));
         join_all(futs).await
     }
@@ -213,6 +313,55 @@ pub fn verdict<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -
         retry_after: None,
         reason: String::new(),
     })
+}
+
+/// Everything a backend needs, resolved by the caller (secrets already read): forward
+/// knows nothing of the configuration file.
+/// (No `Debug`: it holds secrets.)
+#[derive(Clone)]
+pub struct BackendOptions {
+    pub name: String,
+    pub url: http::Uri,
+    pub timeout: Duration,
+    pub headers: Vec<(String, String)>,
+    pub pass_headers: Vec<String>,
+    pub basic: Option<BasicCredentials>,
+    pub bearer_token: Option<String>,
+    pub tls: TlsOptions,
+}
+
+#[derive(Clone)]
+pub struct BasicCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for BasicCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicCredentials")
+            .field("username", &self.username)
+            .field("password", &"<secret>")
+            .finish()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    pub ca_file: Option<std::path::PathBuf>,
+    pub insecure_skip_verify: bool,
+}
+
+/// Why a backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {backend}: {what}")]
+    Header { backend: String, what: String },
+    #[error("a credential is not a valid header value")]
+    Credential,
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("ca_file {file}: {reason}")]
+    CaFile { file: String, reason: String },
 }
 
 /// Per-backend settings resolved from configuration.

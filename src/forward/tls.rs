@@ -6,13 +6,13 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use crate::config::{ConfigError, TlsConfig};
+use super::{BackendError, TlsOptions};
 
-pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, ConfigError> {
+pub fn client_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, BackendError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError::Invalid(format!("tls: {e}")))?;
+        .map_err(|e| BackendError::Tls(e.to_string()))?;
     if tls.insecure_skip_verify {
         return Ok(builder
             .dangerous()
@@ -22,23 +22,25 @@ pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, ConfigErro
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(ca) = &tls.ca_file {
-        let pem = std::fs::read(ca).map_err(|e| ConfigError::Io {
+        let pem = std::fs::read(ca).map_err(|e| BackendError::CaFile {
             file: ca.display().to_string(),
-            source: e,
+            reason: e.to_string(),
         })?;
         let mut added = 0;
         for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let cert = cert.map_err(|e| ConfigError::Invalid(format!("{}: {e}", ca.display())))?;
-            roots
-                .add(cert)
-                .map_err(|e| ConfigError::Invalid(format!("{}: {e}", ca.display())))?;
+            let bad = |e: &dyn std::fmt::Display| BackendError::CaFile {
+                file: ca.display().to_string(),
+                reason: e.to_string(),
+            };
+            let cert = cert.map_err(|e| bad(&e))?;
+            roots.add(cert).map_err(|e| bad(&e))?;
             added += 1;
         }
         if added == 0 {
-            return Err(ConfigError::Invalid(format!(
-                "{}: no PEM certificates",
-                ca.display()
-            )));
+            return Err(BackendError::CaFile {
+                file: ca.display().to_string(),
+                reason: "no PEM certificates".into(),
+            });
         }
     }
     Ok(builder.with_root_certificates(roots).with_no_client_auth())

@@ -22,7 +22,7 @@ use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span}
 use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, write_raw_series};
 
 /// Prometheus' stale marker. Compared by bits, never by `is_nan()`.
-pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+pub use crate::wire::STALE_NAN_BITS;
 
 const NONE: u32 = u32::MAX;
 const PLAN_CACHE_LIMIT: usize = 100_000;

@@ -202,7 +202,7 @@ pub struct GlobalOptions {
     pub drop_created_series: bool,
 }
 
-/// Phases, in the order they apply (documented in README "Rule order").
+/// Phases, in the order they apply (documented in docs/rules.md, "Phase order").
 const PHASE_DROP: u8 = 0;
 const PHASE_MIGRATE: u8 = 1;
 const PHASE_DEDUP: u8 = 2;

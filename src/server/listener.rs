@@ -101,7 +101,7 @@ pub async fn serve_connections(
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
-    let open = metrics::gauge!("promnorm_http_connections_open");
+    let open = crate::telemetry::connections_open();
     let mut last_accept_warning: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {

@@ -2,7 +2,6 @@
 
 pub mod listener;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,9 +18,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::config::{Config, ConfigError};
 use crate::derive::writer::Writer;
-use crate::forward::{Forwarder, HttpBackend, Outcome, Sink, verdict};
+use crate::forward::{Encoded, Forwarder, Outcome, verdict};
 use crate::pipeline::Pipeline;
 use crate::telemetry;
 
@@ -41,29 +39,18 @@ pub struct AppState {
     pub body_read_timeout: Duration,
 }
 
-impl AppState {
-    /// Builds the state from a validated configuration with HTTP backends.
-    pub fn from_config(cfg: &Config) -> Result<AppState, ConfigError> {
-        let rules = cfg.validate()?;
-        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
-        for (i, b) in cfg.backends.iter().enumerate() {
-            sinks.push(Box::new(HttpBackend::from_config(b, i)?));
-        }
-        AppState::new(cfg, rules, Forwarder::new(sinks))
-    }
+/// The server's own settings (the rest of the state is built parts).
+pub struct ServerOptions {
+    pub derived_flush: Duration,
+    pub max_body_bytes: usize,
+    pub ingest_token: Option<String>,
+    pub connection_limits: listener::ConnectionLimits,
+    pub body_read_timeout: Duration,
+}
 
-    /// Builds the state around any forwarder (tests use in-process sinks).
-    pub fn new(
-        cfg: &Config,
-        rules: crate::mapping::Rules,
-        forwarder: Forwarder,
-    ) -> Result<AppState, ConfigError> {
-        let ingest_token = cfg
-            .ingest_auth
-            .as_ref()
-            .map(|a| a.bearer_token.read())
-            .transpose()?;
-        let pipeline = cfg.pipeline_with(rules)?;
+impl AppState {
+    /// The state around a built pipeline and forwarder (see `app::app_state`).
+    pub fn new(pipeline: Pipeline, forwarder: Forwarder, opts: ServerOptions) -> AppState {
         telemetry::metrics_handle();
         telemetry::register_pipeline(
             pipeline.rules(),
@@ -72,22 +59,18 @@ impl AppState {
                 .into_iter()
                 .flat_map(|d| d.definitions().iter().map(|def| def.name)),
         );
-        Ok(AppState {
+        AppState {
             pipeline,
             forwarder: Arc::new(forwarder),
-            derived_flush: cfg.derived.flush_interval,
+            derived_flush: opts.derived_flush,
             derived_stop: Arc::new(Notify::new()),
-            max_body_bytes: cfg.limits.max_body_bytes,
-            ingest_token,
+            max_body_bytes: opts.max_body_bytes,
+            ingest_token: opts.ingest_token,
             metrics: telemetry::metrics_handle(),
             ready: AtomicBool::new(true),
-            connection_limits: listener::ConnectionLimits {
-                header_read_timeout: cfg.server.header_read_timeout,
-                idle_timeout: cfg.server.idle_timeout,
-                max_connections: cfg.server.max_connections,
-            },
-            body_read_timeout: cfg.server.body_read_timeout,
-        })
+            connection_limits: opts.connection_limits,
+            body_read_timeout: opts.body_read_timeout,
+        }
     }
 }
 
@@ -119,21 +102,17 @@ impl AppState {
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
         if let Some(d) = self.pipeline.deriver() {
-            metrics::gauge!("promnorm_derived_state_series").set(d.series_count() as f64);
             let c = &d.counters;
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            metrics::counter!("promnorm_derived_evictions_total", "reason" => "stale")
-                .absolute(load(&c.evicted_stale));
-            metrics::counter!("promnorm_derived_evictions_total", "reason" => "max_series")
-                .absolute(load(&c.evicted_limit));
-            metrics::counter!("promnorm_derived_incomplete_points_total")
-                .absolute(load(&c.incomplete));
-            metrics::counter!("promnorm_derived_inputs_without_peak_total")
-                .absolute(load(&c.no_peak));
-            metrics::counter!("promnorm_derived_ranks_forgotten_total")
-                .absolute(load(&c.ranks_gone));
-            metrics::counter!("promnorm_samples_dropped_total", "reason" => "derived_backlog")
-                .absolute(load(&c.backlog_dropped));
+            telemetry::derived_state(&telemetry::DerivedState {
+                series: d.series_count(),
+                evicted_stale: load(&c.evicted_stale),
+                evicted_limit: load(&c.evicted_limit),
+                incomplete: load(&c.incomplete),
+                no_peak: load(&c.no_peak),
+                ranks_gone: load(&c.ranks_gone),
+                backlog_dropped: load(&c.backlog_dropped),
+            });
         }
     }
 }
@@ -169,8 +148,7 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 }
 
 fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) -> Response {
-    metrics::counter!("promnorm_requests_total", "code" => status.as_u16().to_string())
-        .increment(1);
+    telemetry::request_answered(status.as_u16());
     let mut resp = if reason.is_empty() {
         status.into_response()
     } else {
@@ -334,17 +312,15 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) 
         }
     };
     st.pipeline.return_workspace(ws);
-    metrics::counter!("promnorm_samples_received_total")
-        .increment((processed.samples_in + processed.histograms_in) as u64);
+    telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
 
     if processed.empty {
         return answer(StatusCode::NO_CONTENT, "", None);
     }
-    let outcomes = st.forwarder.send_all(out, &headers).await;
+    let outcomes = st.forwarder.send_all(Encoded::v1(out), &headers).await;
     for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
         if matches!(o, Outcome::Delivered) {
-            metrics::counter!("promnorm_samples_forwarded_total", "backend" => sink.name().to_string())
-                .increment(forwarded_samples);
+            telemetry::samples_forwarded(sink.name(), forwarded_samples);
         }
     }
     let v = verdict(st.forwarder.sinks().map(|s| s.name()).zip(&outcomes));
@@ -393,54 +369,4 @@ pub async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received; draining");
-}
-
-/// `promnorm serve`.
-pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let mut state = Arc::new(AppState::from_config(&cfg)?);
-    let addr: SocketAddr = crate::config::parse_listen(&cfg.listen)
-        .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
-    for w in cfg.warnings() {
-        tracing::warn!("{w}");
-    }
-    let listener = listener::bind(addr, cfg.server.listen_backlog)
-        .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
-    if let Some(fit) = listener::connections_allowed_by_fd_limit()
-        && fit < cfg.server.max_connections
-    {
-        tracing::warn!(
-            configured = cfg.server.max_connections,
-            allowed = fit,
-            "server.max_connections lowered to stay below the open-file limit"
-        );
-        if let Some(st) = Arc::get_mut(&mut state) {
-            st.connection_limits.max_connections = fit;
-        }
-    }
-    tracing::info!(
-        listen = %addr,
-        backends = ?cfg
-            .backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
-            .collect::<Vec<_>>(),
-        packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-        "promnorm serving"
-    );
-    let background = state.spawn_background();
-    let app = router(state.clone(), &cfg.write_paths);
-    run(
-        listener,
-        state.clone(),
-        app,
-        shutdown_signal(),
-        cfg.shutdown_timeout,
-    )
-    .await?;
-    state
-        .stop_background(background, cfg.shutdown_timeout)
-        .await;
-    tracing::info!("stopped");
-    Ok(())
 }

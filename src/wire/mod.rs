@@ -20,6 +20,10 @@ pub mod proto {
 
 pub use decode::{DecodeLimits, DecodedRequest, Span};
 
+/// Prometheus' stale marker: a NaN with this exact payload. Compared by bits, never with
+/// `is_nan()`, and never rescaled.
+pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+
 /// Why a request body could not be decoded. Every variant maps to `400` except the size
 /// limits, which map to `413`.
 #[derive(Debug, thiserror::Error)]

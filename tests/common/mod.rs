@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use promnorm::config::Config;
-use promnorm::server::{AppState, router, run};
+use promnorm::server::{router, run};
 use promnorm::wire::proto::prometheus as pb;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -149,7 +149,7 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
     }
     yaml.push_str(extra_yaml);
     let cfg = Config::parse(&yaml, "test.yaml").expect("test config parses");
-    let state = Arc::new(AppState::from_config(&cfg).expect("test config is valid"));
+    let state = Arc::new(promnorm::app::app_state(&cfg).expect("test config is valid"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();

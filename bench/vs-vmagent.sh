@@ -3,7 +3,7 @@
 # same nginx null sink (shared/tools/bench/bench_rw.py), each pinned to one core.
 # Needs Debian's vmagent, wrk and nginx on PATH and /usr/bin/python3 (for bench_rw.py).
 # Payloads come from this repository's promnorm-payloads (into $PAYLOADS).
-# Usage: scripts/bench-vs-vmagent.sh [RUNS] [DURATION_S]; results in bench/results/.
+# Usage: bench/vs-vmagent.sh [RUNS] [DURATION_S]; results in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}

@@ -1,0 +1,361 @@
+//! Assembly: turns a validated [`Config`] into the running parts — compiled packs,
+//! derive stage, pipeline, backends and server state. `config` stays plain data plus
+//! validation; the stages never see configuration types. This is the only module that
+//! knows both.
+
+use std::sync::Arc;
+
+use crate::config::{BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, yaml};
+use crate::forward::{
+    BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
+};
+use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
+
+/// Why a configuration could not be turned into a running proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Rules(#[from] CompileError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// What a [`Config`] becomes: rules, derived-series settings, the pipeline.
+pub trait Assemble {
+    /// Everything `serve` checks before it starts: the configuration itself, the
+    /// derived series and the packs (compiled).
+    fn validate(&self) -> Result<Rules, BuildError>;
+    /// The derived-series settings, peaks resolved; `None` when derived series are off.
+    fn derive_settings(&self) -> Result<Option<crate::derive::DeriveSettings>, BuildError>;
+    /// The pipeline this configuration describes: compiled packs plus derived series.
+    fn pipeline(&self) -> Result<crate::pipeline::Pipeline, BuildError>;
+    /// The pipeline around already compiled rules.
+    fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, BuildError>;
+    /// Loads the enabled packs (built-in, then users' files) and compiles them.
+    fn compile_rules(&self) -> Result<Rules, BuildError>;
+}
+
+impl Assemble for Config {
+    fn validate(&self) -> Result<Rules, BuildError> {
+        self.check()?;
+        self.derive_settings()?;
+        self.compile_rules()
+    }
+
+    /// The derived-series settings, peaks resolved; `None` when derived series are off.
+    fn derive_settings(&self) -> Result<Option<crate::derive::DeriveSettings>, BuildError> {
+        let d = &self.derived;
+        if !d.enabled {
+            return Ok(None);
+        }
+        if d.max_series == 0 || d.max_pending_samples == 0 {
+            return Err(BuildError::from(ConfigError::Invalid(
+                "derived: max_series and max_pending_samples must be positive".into(),
+            )));
+        }
+        if d.window.is_some_and(|w| w.is_zero()) {
+            return Err(BuildError::from(ConfigError::Invalid(
+                "derived: window must be positive".into(),
+            )));
+        }
+        let mut peaks = Vec::new();
+        for (i, p) in d.peaks.iter().enumerate() {
+            let gpu = match &p.gpu {
+                None => None,
+                Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
+                    self.invalid_at(
+                        "gpu",
+                        model,
+                        format!(
+                            "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
+                            crate::derive::gpus::known_names().join(", ")
+                        ),
+                    )
+                })?),
+            };
+            let flops = p.flops.or(gpu.map(|g| g.flops));
+            let bandwidth = p.bandwidth.or(gpu.map(|g| g.bandwidth));
+            for (what, v) in [("flops", flops), ("bandwidth", bandwidth)] {
+                if let Some(v) = v
+                    && !(v.is_finite() && v > 0.0)
+                {
+                    return Err(BuildError::from(ConfigError::Invalid(format!(
+                        "derived.peaks[{i}]: {what} must be a positive number, not {v}"
+                    ))));
+                }
+            }
+            if flops.is_none() && bandwidth.is_none() {
+                return Err(BuildError::from(ConfigError::Invalid(format!(
+                    "derived.peaks[{i}]: needs gpu, flops or bandwidth"
+                ))));
+            }
+            peaks.push(crate::derive::Peak {
+                matchers: p
+                    .matchers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                flops,
+                bandwidth,
+            });
+        }
+        Ok(Some(crate::derive::DeriveSettings {
+            derived_series: true,
+            window: d.window,
+            stale_after: d.stale_after,
+            max_series: d.max_series,
+            max_pending_samples: d.max_pending_samples,
+            peaks,
+        }))
+    }
+
+    /// The pipeline this configuration describes: compiled packs plus derived series.
+    fn pipeline(&self) -> Result<crate::pipeline::Pipeline, BuildError> {
+        self.pipeline_with(self.compile_rules()?)
+    }
+
+    /// The pipeline around already compiled rules.
+    fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, BuildError> {
+        let mut p = crate::pipeline::Pipeline::new(
+            std::sync::Arc::new(rules),
+            crate::pipeline::PipelineLimits {
+                max_decoded_bytes: self.limits.max_decoded_bytes,
+                decode: crate::wire::DecodeLimits {
+                    max_series: self.limits.max_series_per_request,
+                    max_labels_per_series: self.limits.max_labels_per_series,
+                    max_label_value_bytes: self.limits.max_label_value_bytes,
+                },
+            },
+        );
+        let sums = p.rules().sums_over_ranks();
+        match self.derive_settings()? {
+            Some(settings) => {
+                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+            }
+            // Sums over ranks are stateful too: they need the derive stage alone.
+            None if sums => {
+                let settings = crate::derive::DeriveSettings {
+                    derived_series: false,
+                    ..Default::default()
+                };
+                p = p.with_deriver(std::sync::Arc::new(crate::derive::Deriver::new(&settings)));
+            }
+            None => {}
+        }
+        if self.metadata_total_fix {
+            p = p.with_metadata_total_fix();
+        }
+        Ok(p)
+    }
+
+    /// Loads the enabled packs (built-in, then users' files) and compiles them.
+    fn compile_rules(&self) -> Result<Rules, BuildError> {
+        let mut packs = Vec::new();
+        let known: Vec<&str> = BUILTIN_PACKS.iter().map(|(n, _)| *n).collect();
+        if let BuiltinPacks::Select(m) = &self.packs.builtin {
+            for name in m.keys() {
+                if !known.contains(&name.as_str()) {
+                    return Err(BuildError::Config(self.invalid_at(
+                        "builtin",
+                        name,
+                        format!(
+                            "unknown built-in pack {name:?} (known: {})",
+                            known.join(", ")
+                        ),
+                    )));
+                }
+            }
+        }
+        for (name, text) in BUILTIN_PACKS {
+            let on = match &self.packs.builtin {
+                BuiltinPacks::All => true,
+                BuiltinPacks::None => false,
+                BuiltinPacks::Select(m) => m.get(*name).copied().unwrap_or(true),
+            };
+            if on {
+                let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
+                packs.push(spec);
+            }
+        }
+        for f in &self.packs.files {
+            let text = std::fs::read_to_string(f).map_err(|e| ConfigError::Io {
+                file: f.display().to_string(),
+                source: e,
+            })?;
+            packs.push(parse_pack(&text, &f.display().to_string())?);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &packs {
+            if !seen.insert(p.pack.clone()) {
+                return Err(BuildError::from(ConfigError::Invalid(format!(
+                    "two packs are named {:?}",
+                    p.pack
+                ))));
+            }
+        }
+        let with_opts = packs
+            .into_iter()
+            .map(|p| {
+                let keep = self
+                    .packs
+                    .keep_original
+                    .get(&p.pack)
+                    .copied()
+                    .unwrap_or(self.keep_original);
+                let opts = PackOptions {
+                    name: p.pack.clone(),
+                    keep_original: keep,
+                    sum_over_ranks: self.packs.sum_over_ranks.get(&p.pack).copied(),
+                };
+                (p, opts)
+            })
+            .collect::<Vec<_>>();
+        Ok(Rules::compile(
+            &with_opts,
+            &GlobalOptions {
+                drop_created_series: self.drop_created_series,
+            },
+        )?)
+    }
+}
+
+pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
+    yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+        file: file.to_string(),
+        source,
+    })
+}
+
+/// The backend options `forward` needs, resolved from configuration (secrets read).
+pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptions, BuildError> {
+    let name = cfg.name_or_default(index);
+    let url = crate::config::parse_backend_url(&cfg.url)?;
+    // Credentials written in the URL become basic auth: the URL itself is then safe to
+    // log, and hyper never sees them.
+    let basic = match (&cfg.basic_auth, url.userinfo) {
+        (Some(b), _) => Some(BasicCredentials {
+            username: b.username.clone(),
+            password: b.password.read()?,
+        }),
+        (None, Some((username, password))) => Some(BasicCredentials { username, password }),
+        (None, None) => None,
+    };
+    let bearer_token = cfg
+        .bearer_token
+        .as_ref()
+        .map(|t| t.read().map(|t| t.trim().to_string()))
+        .transpose()?;
+    Ok(BackendOptions {
+        name,
+        url: url.uri,
+        timeout: cfg.timeout,
+        headers: cfg
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        pass_headers: cfg.pass_headers.clone(),
+        basic,
+        bearer_token,
+        tls: TlsOptions {
+            ca_file: cfg.tls.ca_file.clone(),
+            insecure_skip_verify: cfg.tls.insecure_skip_verify,
+        },
+    })
+}
+
+/// The HTTP backends of a configuration.
+pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    for (i, b) in cfg.backends.iter().enumerate() {
+        sinks.push(Box::new(HttpBackend::new(backend_options(b, i)?)?));
+    }
+    Ok(sinks)
+}
+
+/// The server's state for a configuration, with HTTP backends.
+pub fn app_state(cfg: &Config) -> Result<crate::server::AppState, BuildError> {
+    let rules = cfg.validate()?;
+    let forwarder = crate::forward::Forwarder::new(backends(cfg)?);
+    app_state_with(cfg, rules, forwarder)
+}
+
+/// The server's state around any forwarder (tests use in-process sinks).
+pub fn app_state_with(
+    cfg: &Config,
+    rules: Rules,
+    forwarder: crate::forward::Forwarder,
+) -> Result<crate::server::AppState, BuildError> {
+    let ingest_token = cfg
+        .ingest_auth
+        .as_ref()
+        .map(|a| a.bearer_token.read())
+        .transpose()?;
+    let pipeline = cfg.pipeline_with(rules)?;
+    Ok(crate::server::AppState::new(
+        pipeline,
+        forwarder,
+        crate::server::ServerOptions {
+            derived_flush: cfg.derived.flush_interval,
+            max_body_bytes: cfg.limits.max_body_bytes,
+            ingest_token,
+            connection_limits: crate::server::listener::ConnectionLimits {
+                header_read_timeout: cfg.server.header_read_timeout,
+                idle_timeout: cfg.server.idle_timeout,
+                max_connections: cfg.server.max_connections,
+            },
+            body_read_timeout: cfg.server.body_read_timeout,
+        },
+    ))
+}
+
+/// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
+pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let mut state = app_state(&cfg)?;
+    let addr = crate::config::parse_listen(&cfg.listen)
+        .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
+    let listener = crate::server::listener::bind(addr, cfg.server.listen_backlog)
+        .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
+    if let Some(fit) = crate::server::listener::connections_allowed_by_fd_limit()
+        && fit < cfg.server.max_connections
+    {
+        tracing::warn!(
+            configured = cfg.server.max_connections,
+            allowed = fit,
+            "server.max_connections lowered to stay below the open-file limit"
+        );
+        state.connection_limits.max_connections = fit;
+    }
+    tracing::info!(
+        listen = %addr,
+        backends = ?cfg
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
+            .collect::<Vec<_>>(),
+        packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        "promnorm serving"
+    );
+    let state = Arc::new(state);
+    let background = state.spawn_background();
+    let app = crate::server::router(state.clone(), &cfg.write_paths);
+    crate::server::run(
+        listener,
+        state.clone(),
+        app,
+        crate::server::shutdown_signal(),
+        cfg.shutdown_timeout,
+    )
+    .await?;
+    state
+        .stop_background(background, cfg.shutdown_timeout)
+        .await;
+    tracing::info!("stopped");
+    Ok(())
+}

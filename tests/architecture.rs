@@ -1,0 +1,191 @@
+//! Keeps ARCHITECTURE.md's rule true: data flows one way (wire → mapping → derive →
+//! forward; pipeline and server on top; app assembles), configuration is plain data that
+//! imports no stage, and no stage imports the configuration or reaches back upstream.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Module → modules of the crate it must not import.
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    (
+        "wire",
+        &[
+            "config",
+            "mapping",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "telemetry",
+            "normalize",
+            "explain",
+            "exposition",
+        ],
+    ),
+    (
+        "config",
+        &[
+            "wire",
+            "mapping",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "telemetry",
+            "normalize",
+            "explain",
+            "exposition",
+        ],
+    ),
+    (
+        "mapping",
+        &[
+            "config",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "derive",
+        &[
+            "config",
+            "pipeline",
+            "server",
+            "app",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "forward",
+        &[
+            "config",
+            "mapping",
+            "derive",
+            "pipeline",
+            "server",
+            "app",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "pipeline",
+        &["config", "forward", "server", "app", "normalize", "explain"],
+    ),
+    ("server", &["config", "app", "normalize", "explain"]),
+    (
+        "telemetry",
+        &["config", "derive", "forward", "pipeline", "server", "app"],
+    ),
+];
+
+/// The crate modules a source file names through `crate::…` paths.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                // `use crate::{a, b::c}`: the group may span lines; take this line's part.
+                for item in group.split([',', '}']) {
+                    let m: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !m.is_empty() {
+                        out.insert(m);
+                    }
+                }
+            } else {
+                let m: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(m);
+            }
+        }
+    }
+    out
+}
+
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn no_stage_reaches_back_and_config_imports_no_stage() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut violations = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let module = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .map(|m| m.trim_end_matches(".rs").to_string())
+            .unwrap_or_default();
+        let Some((_, forbidden)) = FORBIDDEN.iter().find(|(m, _)| *m == module) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        for used in imports(&text) {
+            if forbidden.contains(&used.as_str()) {
+                violations.push(format!("{} imports crate::{used}", rel.display()));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_import_scanner_sees_what_it_must() {
+    let found = imports(
+        "use crate::{config::Config, wire};\nlet x = crate::derive::Deriver::new(); // crate::server",
+    );
+    assert_eq!(
+        found,
+        ["config", "derive", "wire"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+}
+
+#[test]
+fn every_mapping_file_is_a_built_in_pack() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("mappings");
+    let on_disk: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension().is_some_and(|x| x == "yaml"))
+                .then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    let built_in: BTreeSet<String> = promnorm::config::BUILTIN_PACKS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(on_disk, built_in);
+}
