@@ -495,8 +495,8 @@ async fn the_ruler_computes_what_the_proxy_computes() {
         }
         config
     };
-    let _a = start_prometheus(&prom, &tmp, "receiver-a", &receiver_cfg(None), port_a, true);
-    let _b = start_prometheus(
+    let receiver_a = start_prometheus(&prom, &tmp, "receiver-a", &receiver_cfg(None), port_a, true);
+    let receiver_b = start_prometheus(
         &prom,
         &tmp,
         "receiver-b",
@@ -514,7 +514,7 @@ async fn the_ruler_computes_what_the_proxy_computes() {
         proxy_a.url(),
         proxy_b.url()
     );
-    let _sender = start_prometheus(&prom, &tmp, "sender", &sender_cfg, port_s, false);
+    let sender = start_prometheus(&prom, &tmp, "sender", &sender_cfg, port_s, false);
     wait_ready(&base_s).await;
     // The first scrape comes a few seconds after start-up (target discovery); the steady
     // period counts from it.
@@ -620,8 +620,9 @@ async fn the_ruler_computes_what_the_proxy_computes() {
         }
     }
     println!("wall time {:?}", began.elapsed());
-    drop(proxy_a);
-    drop(proxy_b);
+    // Stopped before their directory is removed (a running Prometheus writes on).
+    drop(sender);
+    drop((receiver_a, receiver_b, proxy_a, proxy_b));
     assert!(
         failures.is_empty(),
         "{}\n(logs in {})",
