@@ -78,6 +78,27 @@ enum Command {
         /// A metric name, or a selector such as `name{label="value"}`.
         name: String,
     },
+    /// Print Prometheus recording rules that compute the derived series (and sums over
+    /// ranks) in a backend's ruler, for promnorm run with `derived.enabled: false`.
+    Rules {
+        /// Configuration file (YAML) whose peaks and packs apply (not `derived.enabled`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// rate() window (default: the file's `derived.window`, else 1m); at least two
+        /// scrape intervals.
+        #[arg(long, value_parser = parse_duration)]
+        window: Option<std::time::Duration>,
+        /// The group's evaluation interval (default: the ruler's own).
+        #[arg(long, value_parser = parse_duration)]
+        interval: Option<std::time::Duration>,
+        /// Read every selector this far back, for samples that reach the ruler late.
+        #[arg(long, value_parser = parse_duration)]
+        offset: Option<std::time::Duration>,
+        /// Also sum this physical per-rank family, which a pack matches by pattern only
+        /// (e.g. `sglang:hicache_backup_bytes_total`); repeatable.
+        #[arg(long = "sum-family")]
+        sum_families: Vec<String>,
+    },
     /// Print the version, the commit it was built from and the compiler.
     Version,
     /// GET a local http:// URL and exit 0 on a 2xx answer (the container HEALTHCHECK:
@@ -198,6 +219,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!(
                 "{}",
                 promnorm::explain::explain(&rules, deriver.as_ref(), &name)?
+            );
+        }
+        Command::Rules {
+            config,
+            window,
+            interval,
+            offset,
+            sum_families,
+        } => {
+            let opts = promnorm::derive::rules_export::ExportOptions {
+                window,
+                interval,
+                offset,
+                sum_families,
+            };
+            let cfg = load(config.as_ref())?;
+            print!(
+                "{}",
+                promnorm::derive::rules_export::rule_file(&cfg, &opts)?
             );
         }
         Command::Normalize {

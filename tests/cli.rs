@@ -182,3 +182,29 @@ fn check_config_rejects_an_unknown_gpu() {
     assert!(err.contains("unknown gpu \"A10G\""), "{err}");
     assert!(err.contains("H100-SXM"), "lists the known models: {err}");
 }
+
+#[test]
+fn rules_prints_recording_rules_for_the_configured_peaks_and_refuses_bad_input() {
+    let cfg = tmp(
+        "rules.yaml",
+        "derived:\n  enabled: false\n  window: 2m\n  peaks:\n    - match: {model_name: x}\n      gpu: H100\n",
+    );
+    let (ok, out, err) = promnorm(&["rules", "--config", &cfg, "--interval", "30s"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("- name: promnorm-derived"), "{out}");
+    assert!(out.contains("interval: 30s"), "{out}");
+    assert!(
+        out.contains(
+            "expr: rate(vllm:estimated_flops_per_gpu_total{model_name=\"x\"}[2m]) / 9.89e14"
+        ),
+        "derived.window is the default window, the peak a selector and a constant: {out}"
+    );
+    for bad in [
+        &["rules", "--window", "soon"][..],
+        &["rules", "--window", "0s"],
+        &["rules", "--sum-family", "sglang:num_running_reqs"],
+    ] {
+        let (ok, _, err) = promnorm(bad);
+        assert!(!ok && !err.is_empty(), "{bad:?} must fail");
+    }
+}

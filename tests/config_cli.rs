@@ -278,6 +278,7 @@ fn version_help_completions_and_man_page() {
         "check-config",
         "normalize",
         "explain",
+        "rules",
         "healthcheck",
         "completions",
     ] {

@@ -399,6 +399,48 @@ impl Rules {
         self.names.len()
     }
 
+    /// Every series name the exact rules know: the names they match and the names they
+    /// write (unordered).
+    pub fn known_names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(|k| &**k)
+    }
+
+    /// The physical families summed over ranks, in words, per pack that sums: which
+    /// names are physical and the rank label (for `promnorm rules`).
+    pub fn sum_over_ranks_patterns(&self) -> Vec<String> {
+        let quoted = |v: &[String]| {
+            v.iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        self.dedups
+            .iter()
+            .filter(|d| d.sum_over_ranks)
+            .map(|d| {
+                let mut what = Vec::new();
+                let mut names: Vec<String> = d.physical_names.iter().cloned().collect();
+                names.sort();
+                if !names.is_empty() {
+                    what.push(format!("named {}", quoted(&names)));
+                }
+                if !d.physical_prefixes.is_empty() {
+                    what.push(format!("starting with {}", quoted(&d.physical_prefixes)));
+                }
+                if !d.physical_suffixes.is_empty() {
+                    what.push(format!("ending with {}", quoted(&d.physical_suffixes)));
+                }
+                format!(
+                    "pack {}: families under {} {}, over {}",
+                    self.packs[d.pack as usize].name,
+                    quoted(&d.prefixes),
+                    what.join(" or "),
+                    d.label
+                )
+            })
+            .collect()
+    }
+
     /// Builds the plan for a series name by walking the phases; a rename in one phase
     /// makes later phases match the new name.
     pub fn plan_for(&self, name: &str) -> Option<Plan> {
