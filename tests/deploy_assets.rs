@@ -384,6 +384,10 @@ fn renamed_inputs() -> BTreeSet<String> {
         let rel = f.strip_prefix(root()).unwrap_or(&f).display().to_string();
         let pack = yaml(&rel);
         for rule in pack["rules"].as_array().into_iter().flatten() {
+            // A copy rule (`copy: true`) adds a series beside the family, which keeps its name.
+            if rule["copy"] == true {
+                continue;
+            }
             let renames = rule.get("rename").is_some() || rule.get("split_by_label").is_some();
             // Counters without _total get it (a family already ending in _total keeps
             // its name).

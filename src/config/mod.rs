@@ -22,6 +22,8 @@ pub const BUILTIN_PACKS: &[(&str, &str)] = &[
     ("dcgm", include_str!("../../mappings/dcgm.yaml")),
     ("rdma", include_str!("../../mappings/rdma.yaml")),
     ("dynamo", include_str!("../../mappings/dynamo.yaml")),
+    // Off unless named (`default: off`); after the engine packs, whose migrations it sees.
+    ("genai", include_str!("../../mappings/genai.yaml")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -463,7 +465,8 @@ pub struct IngestAuth {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacksConfig {
-    /// `all`, `none`, or a map of pack name → on/off (unlisted packs are on).
+    /// `all`, `none`, or a map of pack name → on/off (unlisted packs keep their default:
+    /// on, except packs declaring `default: off` such as `genai`).
     #[serde(default)]
     pub builtin: BuiltinPacks,
     /// Users' own mapping files, applied after the built-in packs.
@@ -966,13 +969,17 @@ impl Config {
             }
         }
         for (name, text) in BUILTIN_PACKS {
+            if matches!(self.packs.builtin, BuiltinPacks::None) {
+                break;
+            }
+            let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
+            // `all` and unlisted packs: the pack's own `default` (off for `genai`).
             let on = match &self.packs.builtin {
-                BuiltinPacks::All => true,
-                BuiltinPacks::None => false,
-                BuiltinPacks::Select(m) => m.get(*name).copied().unwrap_or(true),
-            };
+                BuiltinPacks::Select(m) => m.get(*name).copied(),
+                _ => None,
+            }
+            .unwrap_or(spec.default.is_on());
             if on {
-                let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
                 packs.push(spec);
             }
         }
