@@ -1,6 +1,10 @@
-# Build: the official Rust image; protos compile with protox, so no protoc is needed.
+# Build: the official Rust image at the toolchain's release (rustc 1.95), on Debian 12 like
+# the runtime image below (same glibc); protos compile with protox, so no protoc is needed.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The build context has no .git (.dockerignore): pass the commit for `promnorm version`
+# and promnorm_build_info, e.g. --build-arg PROMNORM_REVISION=$(git rev-parse --short=12 HEAD).
+ARG PROMNORM_REVISION=unknown
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY mappings mappings

@@ -24,6 +24,27 @@ fi
 export PROMETHEUS_BIN=$PROM
 export PROMNORM_E2E=1
 
+# The Kubernetes manifests against the API's schemas, offline: kubernetes-validate
+# bundles them (installed once into ./.e2e-bin/pylib; ~0.5 s a run). Kinds it has no
+# schema for (the Prometheus Operator's CRDs, Kustomization) are reported as WARN and
+# left to tests/deploy_assets.rs. With kubectl on PATH the kustomizations are rendered
+# and validated too, as `kubectl apply -k` would send them.
+PYLIB=$BIN_DIR/pylib
+if [[ ! -d $PYLIB/kubernetes_validate ]]; then
+  echo "[test] installing kubernetes-validate into $PYLIB" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --target "$PYLIB" \
+    'kubernetes-validate==1.37.0'
+fi
+k8s_validate() { PYTHONPATH=$PYLIB python3 -m kubernetes_validate --strict --quiet "$@"; }
+mapfile -t manifests < <(find deploy/kubernetes -name '*.yaml' ! -name kustomization.yaml | sort)
+k8s_validate "${manifests[@]}"
+if command -v kubectl >/dev/null 2>&1; then
+  for k in deploy/kubernetes deploy/kubernetes/statefulset; do
+    kubectl kustomize "$k" >"$BIN_DIR/kustomized.yaml"
+    k8s_validate "$BIN_DIR/kustomized.yaml"
+  done
+fi
+
 # Everything else comes from the repository: the zero-allocation test and the benches
 # build their remote-write payloads in process (tests/support/fleet.rs).
 cargo test --release --all-targets -- --nocapture 2>&1 | tee .e2e-bin/test.log

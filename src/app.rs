@@ -169,13 +169,17 @@ impl Assemble for Config {
             }
         }
         for (name, text) in BUILTIN_PACKS {
+            if matches!(self.packs.builtin, BuiltinPacks::None) {
+                break;
+            }
+            let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
+            // `all` and unlisted packs: the pack's own `default` (off for `genai`).
             let on = match &self.packs.builtin {
-                BuiltinPacks::All => true,
-                BuiltinPacks::None => false,
-                BuiltinPacks::Select(m) => m.get(*name).copied().unwrap_or(true),
-            };
+                BuiltinPacks::Select(m) => m.get(*name).copied(),
+                _ => None,
+            }
+            .unwrap_or(spec.default.is_on());
             if on {
-                let spec = parse_pack(text, &format!("mappings/{name}.yaml"))?;
                 packs.push(spec);
             }
         }

@@ -235,6 +235,8 @@ pub enum Outcome {
         labels: Vec<(String, String)>,
         scale: Option<(Factor, ScaleTarget)>,
     },
+    /// A copy whose rule's labels the series does not carry: no copy is made.
+    NotCopied,
 }
 
 /// Runs `plan` over one series the way the mapper does (`mapping::apply`).
@@ -258,9 +260,13 @@ pub fn simulate(rules: &Rules, plan: &Plan, name: &str, labels: &[(String, Strin
             .iter()
             .all(|(n, v)| find(&work, n).is_some_and(|i| work[i].1 == **v));
         if !applies {
+            if matches!(step.action, Action::OnlyIf) {
+                return Outcome::NotCopied;
+            }
             continue;
         }
         match &step.action {
+            Action::OnlyIf => {}
             Action::Drop(id) => {
                 return Outcome::Dropped {
                     reason: reason(*id),
@@ -410,30 +416,12 @@ fn explain_series(
     }
     if let Some(labels) = labels {
         let _ = write!(out, "{indent}  result: ");
-        return match simulate(rules, &plan, name, labels) {
-            Outcome::Dropped { reason } => {
-                let _ = writeln!(out, "dropped ({reason})");
-                Vec::new()
-            }
-            Outcome::Kept { labels, scale } => {
-                write_selector(out, &labels);
-                match scale {
-                    Some((f, ScaleTarget::Value)) => {
-                        let _ = write!(out, " (values {f})");
-                    }
-                    Some((f, ScaleTarget::Le)) => {
-                        let _ = write!(out, " (le values {f})");
-                    }
-                    None => {}
-                }
-                out.push('\n');
-                labels
-                    .into_iter()
-                    .filter(|(n, _)| n == "__name__")
-                    .map(|(_, v)| v)
-                    .collect()
-            }
-        };
+        let mut names = write_outcome(out, simulate(rules, &plan, name, labels));
+        for c in &plan.copies {
+            let _ = write!(out, "{indent}  copy: ");
+            names.extend(write_outcome(out, simulate(rules, &c.plan, name, labels)));
+        }
+        return names;
     }
     // Without labels: the name an unconditional rename gives, and those that depend on labels.
     let mut names = vec![name.to_string()];
@@ -448,7 +436,46 @@ fn explain_series(
         }
     }
     names.dedup();
+    for c in &plan.copies {
+        let copy_name = c.plan.steps.iter().rev().find_map(|s| match &s.action {
+            Action::SetName(n) => Some(n.to_string()),
+            _ => None,
+        });
+        names.extend(copy_name);
+    }
     names
+}
+
+/// Writes one simulated result line; returns the name it leaves under, if any.
+fn write_outcome(out: &mut String, outcome: Outcome) -> Vec<String> {
+    match outcome {
+        Outcome::Dropped { reason } => {
+            let _ = writeln!(out, "dropped ({reason})");
+            Vec::new()
+        }
+        Outcome::NotCopied => {
+            let _ = writeln!(out, "not made (the copy rule's labels do not match)");
+            Vec::new()
+        }
+        Outcome::Kept { labels, scale } => {
+            write_selector(out, &labels);
+            match scale {
+                Some((f, ScaleTarget::Value)) => {
+                    let _ = write!(out, " (values {f})");
+                }
+                Some((f, ScaleTarget::Le)) => {
+                    let _ = write!(out, " (le values {f})");
+                }
+                None => {}
+            }
+            out.push('\n');
+            labels
+                .into_iter()
+                .filter(|(n, _)| n == "__name__")
+                .map(|(_, v)| v)
+                .collect()
+        }
+    }
 }
 
 /// The text `promnorm explain QUERY` prints.

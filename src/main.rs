@@ -228,17 +228,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             offset,
             sum_families,
         } => {
-            let opts = promnorm::derive::rules_export::ExportOptions {
+            let opts = promnorm::rules_export::ExportOptions {
                 window,
                 interval,
                 offset,
                 sum_families,
             };
             let cfg = load(config.as_ref())?;
-            print!(
-                "{}",
-                promnorm::derive::rules_export::rule_file(&cfg, &opts)?
-            );
+            print!("{}", promnorm::rules_export::rule_file(&cfg, &opts)?);
         }
         Command::Normalize {
             config,

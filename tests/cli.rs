@@ -125,6 +125,49 @@ fn explain_decides_label_dependent_rules_with_the_selector_labels() {
 }
 
 #[test]
+fn explain_shows_the_series_and_its_genai_copy() {
+    let cfg = tmp(
+        "genai.yaml",
+        "listen: 127.0.0.1:9201\npacks:\n  builtin: {genai: true}\n",
+    );
+    // An old vLLM's name: migrated by the vllm pack, then copied by genai.
+    let (ok, out, err) = promnorm(&[
+        "explain",
+        "--config",
+        &cfg,
+        r#"vllm:time_per_output_token_seconds_bucket{engine="0",model_name="m",le="0.1"}"#,
+    ]);
+    assert!(ok, "{err}");
+    for want in [
+        "pack vllm rule 4 (renamed to inter_token_latency (0.11)) → vllm:inter_token_latency_seconds_bucket",
+        "→ gen_ai_server_time_per_output_token_seconds_bucket (a copy, beside the series)",
+        r#"result: vllm:inter_token_latency_seconds_bucket{engine="0",le="0.1",model_name="m"}"#,
+        r#"copy: gen_ai_server_time_per_output_token_seconds_bucket{engine="0",gen_ai_request_model="m",inference_engine="vllm",le="0.1"}"#,
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    // A family name: each member series with its copy.
+    let (ok, out, err) = promnorm(&[
+        "explain",
+        "--config",
+        &cfg,
+        "dynamo_frontend_request_duration_seconds",
+    ]);
+    assert!(ok, "{err}");
+    for want in [
+        "dynamo_frontend_request_duration_seconds_bucket:",
+        "label model → gen_ai_request_model; sets inference_engine=\"dynamo\" → gen_ai_server_request_duration_seconds_bucket (a copy, beside the series)",
+        "→ gen_ai_server_request_duration_seconds_count (a copy, beside the series)",
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    // Off by default: no copy.
+    let (ok, out, _) = promnorm(&["explain", "dynamo_frontend_request_duration_seconds_count"]);
+    assert!(ok);
+    assert!(out.contains("no rule applies"), "{out}");
+}
+
+#[test]
 fn explain_rejects_empty_and_invalid_names() {
     for query in [
         "",

@@ -2,8 +2,11 @@
 //! every metric of promnorm's own (`promnorm_*`, `process_*`) a dashboard or alert
 //! queries is one `src/` emits (a renamed metric breaks this test); the inference dashboard queries only names promnorm
 //! writes after normalisation (golden outputs, packs, README's derived series), never a
-//! name a pack renames away; the Kubernetes manifests parse and the configuration in
-//! their ConfigMap passes `Config::validate`. With `PROMETHEUS_BIN` set (scripts/test.sh
+//! name a pack renames away; the Kubernetes manifests parse, agree with each other
+//! (kustomizations, ports, probes, the HPA's target, the StatefulSet's pod template is the
+//! Deployment's, the Prometheus Operator sidecar writes to its promnorm) and the
+//! configuration in their ConfigMaps passes `Config::validate`. Their schemas are checked
+//! by scripts/test.sh (kubernetes-validate). With `PROMETHEUS_BIN` set (scripts/test.sh
 //! sets it), promtool (beside it) also checks the PromQL and runs the alerts' unit tests.
 
 use promnorm::app::Assemble;
@@ -385,6 +388,10 @@ fn renamed_inputs() -> BTreeSet<String> {
         let rel = f.strip_prefix(root()).unwrap_or(&f).display().to_string();
         let pack = yaml(&rel);
         for rule in pack["rules"].as_array().into_iter().flatten() {
+            // A copy rule (`copy: true`) adds a series beside the family, which keeps its name.
+            if rule["copy"] == true {
+                continue;
+            }
             let renames = rule.get("rename").is_some() || rule.get("split_by_label").is_some();
             // Counters without _total get it (a family already ending in _total keeps
             // its name).
@@ -486,8 +493,9 @@ fn renamed_inputs_are_found() {
     }
 }
 
-/// Every manifest, by file name.
-fn kubernetes_manifests() -> BTreeMap<String, Value> {
+/// Every manifest under `deploy/kubernetes`, by path relative to it
+/// (`common/service.yaml`), each with its YAML documents in order.
+fn kubernetes_manifests() -> BTreeMap<String, Vec<Value>> {
     let dir = root().join("deploy/kubernetes");
     let files = files_under(&dir, ".yaml");
     assert!(!files.is_empty(), "no manifests in deploy/kubernetes");
@@ -495,124 +503,141 @@ fn kubernetes_manifests() -> BTreeMap<String, Value> {
         .iter()
         .map(|f| {
             let name = f
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let doc = yaml(&format!("deploy/kubernetes/{name}"));
-            assert!(
-                doc["kind"].as_str().is_some(),
-                "deploy/kubernetes/{name}: no `kind`"
-            );
-            (name, doc)
+                .strip_prefix(&dir)
+                .unwrap_or(f)
+                .to_string_lossy()
+                .into_owned();
+            let rel = format!("deploy/kubernetes/{name}");
+            let text = read(&rel);
+            let docs: Vec<Value> = text
+                .split("\n---\n")
+                .filter(|d| {
+                    d.lines()
+                        .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+                })
+                .map(|d| {
+                    promnorm::config::yaml::from_str::<Value>(d)
+                        .unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"))
+                })
+                .collect();
+            assert!(!docs.is_empty(), "{rel}: no document");
+            for d in &docs {
+                assert!(
+                    d["kind"].as_str().is_some(),
+                    "{rel}: a document has no `kind`"
+                );
+            }
+            (name, docs)
         })
         .collect()
 }
 
-/// The configuration inside the ConfigMap, parsed and validated.
-fn configmap_config(manifests: &BTreeMap<String, Value>) -> Config {
-    let cm = &manifests["configmap.yaml"];
-    assert_eq!(cm["kind"], "ConfigMap", "configmap.yaml: kind");
+/// The one document of kind `kind` in manifest file `name`.
+fn doc<'a>(manifests: &'a BTreeMap<String, Vec<Value>>, name: &str, kind: &str) -> &'a Value {
+    let docs = manifests
+        .get(name)
+        .unwrap_or_else(|| panic!("deploy/kubernetes/{name} is missing"));
+    let mut of_kind = docs.iter().filter(|d| d["kind"] == kind);
+    let d = of_kind
+        .next()
+        .unwrap_or_else(|| panic!("deploy/kubernetes/{name} has no {kind}"));
+    assert!(
+        of_kind.next().is_none(),
+        "deploy/kubernetes/{name}: more than one {kind}"
+    );
+    d
+}
+
+/// The configuration inside a ConfigMap, parsed and validated.
+fn configmap_config(cm: &Value, name: &str) -> Config {
+    assert_eq!(cm["kind"], "ConfigMap", "{name}: kind");
     let text = cm["data"]["promnorm.yaml"]
         .as_str()
-        .unwrap_or_else(|| panic!("configmap.yaml has no data.promnorm.yaml string"));
-    let cfg = Config::parse(text, "configmap.yaml")
-        .unwrap_or_else(|e| panic!("configmap.yaml's promnorm.yaml does not parse: {e}"));
+        .unwrap_or_else(|| panic!("{name} has no data.promnorm.yaml string"));
+    let cfg = Config::parse(text, name)
+        .unwrap_or_else(|e| panic!("{name}'s promnorm.yaml does not parse: {e}"));
     if let Err(e) = cfg.validate() {
-        panic!("configmap.yaml's promnorm.yaml does not validate: {e}");
+        panic!("{name}'s promnorm.yaml does not validate: {e}");
     }
     cfg
 }
 
-#[test]
-fn kubernetes_manifests_parse_and_agree() {
-    let manifests = kubernetes_manifests();
-    for name in [
-        "deployment.yaml",
-        "configmap.yaml",
-        "service.yaml",
-        "poddisruptionbudget.yaml",
-        "servicemonitor.yaml",
-        "kustomization.yaml",
-    ] {
-        assert!(
-            manifests.contains_key(name),
-            "deploy/kubernetes/{name} is missing"
-        );
-    }
-    let cfg = configmap_config(&manifests);
-
-    // kustomization.yaml lists every other manifest.
-    let listed: BTreeSet<&str> = manifests["kustomization.yaml"]["resources"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    let present: BTreeSet<&str> = manifests
-        .keys()
-        .map(String::as_str)
-        .filter(|n| *n != "kustomization.yaml")
-        .collect();
-    assert_eq!(
-        listed, present,
-        "kustomization.yaml's resources must list every manifest"
-    );
-
-    let deployment = &manifests["deployment.yaml"];
-    assert_eq!(deployment["kind"], "Deployment");
-    let pod = &deployment["spec"]["template"]["spec"];
-    let container = &pod["containers"][0];
-    let grace = pod["terminationGracePeriodSeconds"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("deployment.yaml: no terminationGracePeriodSeconds"));
-    assert!(
-        grace > cfg.shutdown_timeout.as_secs(),
-        "terminationGracePeriodSeconds ({grace}) must exceed shutdown_timeout ({:?}), or \
-         the kubelet kills promnorm while it drains",
-        cfg.shutdown_timeout
-    );
-
-    // The port promnorm listens on is the one the pod, probes and Service use.
+fn listen_port(cfg: &Config) -> u16 {
     let listen: std::net::SocketAddr = cfg
         .listen
         .parse()
         .unwrap_or_else(|e| panic!("listen {:?}: {e}", cfg.listen));
-    let ports = container["ports"].as_array();
-    assert!(
-        ports.is_some_and(|ps| ps
-            .iter()
-            .any(|p| p["name"] == "http" && p["containerPort"] == listen.port())),
-        "deployment.yaml: container port `http` must be {} (the configured listen port)",
-        listen.port()
-    );
-    assert_eq!(
-        container["readinessProbe"]["httpGet"]["path"], "/-/ready",
-        "deployment.yaml: readiness probe"
-    );
-    assert_eq!(
-        container["livenessProbe"]["httpGet"]["path"], "/-/healthy",
-        "deployment.yaml: liveness probe"
-    );
-    let sc = &container["securityContext"];
-    assert_eq!(sc["readOnlyRootFilesystem"], true, "readOnlyRootFilesystem");
-    assert_eq!(sc["capabilities"]["drop"][0], "ALL", "capabilities.drop");
-    assert!(
-        pod["securityContext"]["runAsNonRoot"] == true || sc["runAsNonRoot"] == true,
-        "deployment.yaml: runAsNonRoot"
-    );
+    listen.port()
+}
 
-    // --config names the file the ConfigMap volume mounts.
-    let args: Vec<&str> = container["args"]
-        .as_array()
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-        .collect();
+        .collect()
+}
+
+/// What every promnorm container must get right: the listen port, the probes, a locked
+/// down security context, and `--config` naming promnorm.yaml of a mounted volume of the
+/// ConfigMap `configmap` (`volumes` is the pod's). Returns the container port's name.
+fn check_container(
+    what: &str,
+    container: &Value,
+    pod_security: &Value,
+    volumes: &Value,
+    configmap: &str,
+    cfg: &Config,
+) -> String {
+    let port = container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["containerPort"] == listen_port(cfg))
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: no container port {} (the configured listen port)",
+                listen_port(cfg)
+            )
+        });
+    let port_name = port["name"].as_str().unwrap_or_default().to_string();
+    for (probe, path) in [
+        ("readinessProbe", "/-/ready"),
+        ("livenessProbe", "/-/healthy"),
+    ] {
+        assert_eq!(
+            container[probe]["httpGet"]["path"], path,
+            "{what}: {probe} path"
+        );
+        assert_eq!(
+            container[probe]["httpGet"]["port"], port_name,
+            "{what}: {probe} port"
+        );
+    }
+    let sc = &container["securityContext"];
+    assert_eq!(
+        sc["readOnlyRootFilesystem"], true,
+        "{what}: readOnlyRootFilesystem"
+    );
+    assert_eq!(
+        sc["allowPrivilegeEscalation"], false,
+        "{what}: allowPrivilegeEscalation"
+    );
+    assert_eq!(
+        sc["capabilities"]["drop"][0], "ALL",
+        "{what}: capabilities.drop"
+    );
+    assert!(
+        pod_security["runAsNonRoot"] == true || sc["runAsNonRoot"] == true,
+        "{what}: runAsNonRoot"
+    );
+
+    let args = strings(&container["args"]);
     let config_path = args
         .iter()
         .position(|a| *a == "--config")
         .and_then(|i| args.get(i + 1))
-        .unwrap_or_else(|| panic!("deployment.yaml: args {args:?} have no --config FILE"));
+        .unwrap_or_else(|| panic!("{what}: args {args:?} have no --config FILE"));
     let mounted = container["volumeMounts"]
         .as_array()
         .into_iter()
@@ -620,27 +645,325 @@ fn kubernetes_manifests_parse_and_agree() {
         .any(|m| {
             m["mountPath"].as_str().is_some_and(|dir| {
                 *config_path == format!("{}/promnorm.yaml", dir.trim_end_matches('/'))
-            }) && pod["volumes"].as_array().into_iter().flatten().any(|v| {
-                v["name"] == m["name"]
-                    && v["configMap"]["name"] == manifests["configmap.yaml"]["metadata"]["name"]
-            })
+            }) && volumes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["name"] == m["name"] && v["configMap"]["name"] == configmap)
         });
     assert!(
         mounted,
-        "deployment.yaml: {config_path} must be promnorm.yaml of a mounted volume of the ConfigMap"
+        "{what}: {config_path} must be promnorm.yaml of a mounted volume of ConfigMap {configmap}"
+    );
+    port_name
+}
+
+/// A pod template's checks, for the Deployment and the StatefulSet.
+fn check_pod_template(what: &str, workload: &Value, configmap: &str, cfg: &Config) {
+    let pod = &workload["spec"]["template"]["spec"];
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what}: no terminationGracePeriodSeconds"));
+    assert!(
+        grace > cfg.shutdown_timeout.as_secs(),
+        "{what}: terminationGracePeriodSeconds ({grace}) must exceed shutdown_timeout \
+         ({:?}), or the kubelet kills promnorm while it drains",
+        cfg.shutdown_timeout
+    );
+    let selector = &workload["spec"]["selector"]["matchLabels"];
+    let labels = &workload["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in selector.as_object().into_iter().flatten() {
+        assert_eq!(
+            &labels[k], v,
+            "{what}: the selector must match the pod labels"
+        );
+    }
+    let port = check_container(
+        what,
+        &pod["containers"][0],
+        &pod["securityContext"],
+        &pod["volumes"],
+        configmap,
+        cfg,
+    );
+    assert_eq!(
+        port, "http",
+        "{what}: the Services target the port named http"
+    );
+}
+
+/// Each kustomization lists existing files and directories (a directory must hold a
+/// kustomization.yaml), and every manifest beside it but `standalone` ones.
+fn check_kustomization(
+    manifests: &BTreeMap<String, Vec<Value>>,
+    dir: &str,
+    standalone: &[&str],
+) -> Vec<String> {
+    let name = if dir.is_empty() {
+        "kustomization.yaml".to_string()
+    } else {
+        format!("{dir}/kustomization.yaml")
+    };
+    let k = doc(manifests, &name, "Kustomization");
+    let base = root().join("deploy/kubernetes").join(dir);
+    let listed = strings(&k["resources"]);
+    for r in &listed {
+        let p = base.join(r);
+        assert!(
+            p.is_file() || p.join("kustomization.yaml").is_file(),
+            "{name}: resource {r} is neither a file nor a kustomization directory"
+        );
+    }
+    let beside: BTreeSet<String> = manifests
+        .keys()
+        .filter_map(|m| match m.rsplit_once('/') {
+            Some((d, f)) if d == dir => Some(f.to_string()),
+            None if dir.is_empty() => Some(m.clone()),
+            _ => None,
+        })
+        .filter(|f| f != "kustomization.yaml" && !standalone.contains(&f.as_str()))
+        .collect();
+    for f in &beside {
+        assert!(
+            listed.contains(&f.as_str()),
+            "{name}: resources must list {f} (or it is documented as standalone)"
+        );
+    }
+    listed.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn kubernetes_manifests_parse_and_agree() {
+    let manifests = kubernetes_manifests();
+    let cm = doc(&manifests, "common/configmap.yaml", "ConfigMap");
+    let cfg = configmap_config(cm, "common/configmap.yaml");
+    let cm_name = cm["metadata"]["name"].as_str().unwrap_or_default();
+
+    // Kustomizations: the base (Deployment, HPA, common/), common/, statefulset/ (common/
+    // without the Deployment); the sidecar example stands alone.
+    let root_listed = check_kustomization(&manifests, "", &["prometheus-operator-sidecar.yaml"]);
+    assert!(
+        root_listed.contains(&"common".to_string()),
+        "kustomization.yaml: common"
+    );
+    check_kustomization(&manifests, "common", &[]);
+    let sts_listed = check_kustomization(&manifests, "statefulset", &[]);
+    assert!(
+        sts_listed.contains(&"../common".to_string()),
+        "statefulset/kustomization.yaml: ../common"
+    );
+    assert!(
+        !sts_listed
+            .iter()
+            .any(|r| r == ".." || r == "../" || r.ends_with("deployment.yaml")),
+        "statefulset/kustomization.yaml must not pull in the Deployment"
     );
 
-    let service = &manifests["service.yaml"];
+    let deployment = doc(&manifests, "deployment.yaml", "Deployment");
+    check_pod_template("deployment.yaml", deployment, cm_name, &cfg);
+
+    // The HPA scales the Deployment on CPU, and the Deployment leaves the count to it.
+    let hpa = doc(
+        &manifests,
+        "horizontalpodautoscaler.yaml",
+        "HorizontalPodAutoscaler",
+    );
+    assert_eq!(hpa["apiVersion"], "autoscaling/v2");
+    let target = &hpa["spec"]["scaleTargetRef"];
+    assert_eq!(target["kind"], "Deployment", "HPA target kind");
+    assert_eq!(
+        target["name"], deployment["metadata"]["name"],
+        "HPA target name"
+    );
+    assert!(
+        hpa["spec"]["metrics"].as_array().is_some_and(|ms| ms
+            .iter()
+            .any(|m| m["type"] == "Resource" && m["resource"]["name"] == "cpu")),
+        "the HPA scales on CPU"
+    );
+    assert!(
+        deployment["spec"].get("replicas").is_none(),
+        "deployment.yaml: no replicas while the HPA owns the count"
+    );
+    let pdb = doc(
+        &manifests,
+        "common/poddisruptionbudget.yaml",
+        "PodDisruptionBudget",
+    );
+    let min_available = pdb["spec"]["minAvailable"].as_u64().unwrap_or(0);
+    let min_replicas = hpa["spec"]["minReplicas"].as_u64().unwrap_or(1);
+    let max_replicas = hpa["spec"]["maxReplicas"].as_u64().unwrap_or(0);
+    assert!(
+        min_replicas > min_available,
+        "HPA minReplicas ({min_replicas}) must exceed the PDB's minAvailable ({min_available}), \
+         or no pod can ever be evicted"
+    );
+    assert!(max_replicas >= min_replicas, "HPA maxReplicas");
+    // CPU utilization is relative to the request: there must be one.
+    assert!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+            .is_string(),
+        "deployment.yaml: a CPU request for the HPA"
+    );
+
+    let service = doc(&manifests, "common/service.yaml", "Service");
     assert!(
         service["spec"]["ports"]
             .as_array()
-            .is_some_and(|ps| ps.iter().any(|p| p["port"] == listen.port())),
-        "service.yaml must expose port {}",
-        listen.port()
+            .is_some_and(|ps| ps.iter().any(|p| p["port"] == listen_port(&cfg))),
+        "common/service.yaml must expose port {}",
+        listen_port(&cfg)
     );
-    let monitor = &manifests["servicemonitor.yaml"];
+    let monitor = doc(&manifests, "common/servicemonitor.yaml", "ServiceMonitor");
     assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+}
+
+#[test]
+fn statefulset_variant_is_the_deployment_with_a_volume() {
+    let manifests = kubernetes_manifests();
+    let cm = doc(&manifests, "common/configmap.yaml", "ConfigMap");
+    let cfg = configmap_config(cm, "common/configmap.yaml");
+    let cm_name = cm["metadata"]["name"].as_str().unwrap_or_default();
+    let deployment = doc(&manifests, "deployment.yaml", "Deployment");
+    let sts = doc(&manifests, "statefulset/statefulset.yaml", "StatefulSet");
+    check_pod_template("statefulset/statefulset.yaml", sts, cm_name, &cfg);
+
+    // Governed by a headless Service that selects its pods.
+    let headless = doc(&manifests, "statefulset/service-headless.yaml", "Service");
+    assert_eq!(sts["spec"]["serviceName"], headless["metadata"]["name"]);
+    assert_eq!(headless["spec"]["clusterIP"], "None", "headless");
+    for (k, v) in headless["spec"]["selector"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(
+            &sts["spec"]["template"]["metadata"]["labels"][k], v,
+            "the headless Service selects the StatefulSet's pods"
+        );
+    }
+
+    // Every claim template is mounted, writable by the pod's group.
+    let claims = sts["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| panic!("statefulset.yaml: no volumeClaimTemplates"));
+    let pod = &sts["spec"]["template"]["spec"];
+    let mounts = &pod["containers"][0]["volumeMounts"];
+    for c in claims {
+        let name = &c["metadata"]["name"];
+        assert!(
+            mounts
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["name"] == *name && m["readOnly"] != true),
+            "claim template {name} is not mounted writable"
+        );
+        assert!(
+            c["spec"]["resources"]["requests"]["storage"].is_string(),
+            "claim template {name}: a storage request"
+        );
+    }
+    assert!(
+        pod["securityContext"]["fsGroup"].is_u64(),
+        "fsGroup for the volume"
+    );
+
+    // The pod template is the Deployment's plus the volume: nothing else may drift.
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(o) = v["spec"]["securityContext"].as_object_mut() {
+            o.remove("fsGroup");
+        }
+        if let Some(c) = v["spec"]["containers"][0].as_object_mut() {
+            c.remove("volumeMounts");
+        }
+        v
+    };
+    assert_eq!(
+        strip(&sts["spec"]["template"]),
+        strip(&deployment["spec"]["template"]),
+        "statefulset.yaml's pod template must be deployment.yaml's plus the volume"
+    );
+    let dep_mounts = &deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"];
+    for m in dep_mounts.as_array().into_iter().flatten() {
+        assert!(
+            mounts.as_array().into_iter().flatten().any(|x| x == m),
+            "statefulset.yaml lacks the Deployment's mount {m}"
+        );
+    }
+}
+
+#[test]
+fn prometheus_operator_sidecar_writes_to_its_promnorm() {
+    let manifests = kubernetes_manifests();
+    let file = "prometheus-operator-sidecar.yaml";
+    let cm = doc(&manifests, file, "ConfigMap");
+    let cfg = configmap_config(cm, file);
+    let cm_name = cm["metadata"]["name"].as_str().unwrap_or_default();
+    let prom = doc(&manifests, file, "Prometheus");
+    assert_eq!(prom["apiVersion"], "monitoring.coreos.com/v1");
+    let spec = &prom["spec"];
+
+    // Remote write to the sidecar on localhost, at its port and one of its write paths.
+    let url = spec["remoteWrite"][0]["url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{file}: no remoteWrite url"));
+    assert_eq!(
+        url, "http://localhost:9201/api/v1/write",
+        "{file}: remoteWrite"
+    );
+    let port = listen_port(&cfg);
+    let path = url
+        .strip_prefix(&format!("http://localhost:{port}"))
+        .unwrap_or_else(|| panic!("{file}: {url} is not promnorm's port {port} on localhost"));
+    assert!(
+        cfg.write_paths.iter().any(|p| p == path),
+        "{file}: {path} is not one of promnorm's write_paths {:?}",
+        cfg.write_paths
+    );
+    assert_eq!(
+        spec["remoteWrite"].as_array().map(Vec::len),
+        Some(1),
+        "{file}: everything goes through promnorm"
+    );
+
+    let container = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "promnorm")
+        .unwrap_or_else(|| panic!("{file}: no promnorm container"));
+    let port_name = check_container(
+        file,
+        container,
+        &Value::Null,
+        &spec["volumes"],
+        cm_name,
+        &cfg,
+    );
+    assert!(
+        cfg.listen.starts_with("0.0.0.0:"),
+        "{file}: promnorm must listen on the pod IP too, for the kubelet's probes"
+    );
+
+    // Its metrics are scraped under job="promnorm", as the alerts expect.
+    let monitor = doc(&manifests, file, "PodMonitor");
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(
+        endpoint["port"],
+        port_name.as_str(),
+        "{file}: PodMonitor port"
+    );
+    assert_eq!(endpoint["path"], "/metrics");
+    assert!(
+        endpoint["relabelings"].as_array().is_some_and(|rs| rs
+            .iter()
+            .any(|r| r["targetLabel"] == "job" && r["replacement"] == "promnorm")),
+        "{file}: PodMonitor sets job=\"promnorm\""
+    );
 }
 
 /// promtool beside `PROMETHEUS_BIN` (Debian's prometheus package ships both).

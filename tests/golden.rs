@@ -4,6 +4,10 @@
 //!   also scraped by the end-to-end test);
 //! - `NAME/`: several scrapes `1.prom`, `2.prom`, ... taken 15 s apart, with an optional
 //!   `config.yaml`, must equal `NAME/expected.out` (derived series need several scrapes).
+//! - `NAME/` with a `dumps` file instead of scrapes: the single-scrape cases it lists (one
+//!   file name of `tests/golden/` a line), each normalised on its own with
+//!   `NAME/config.yaml`; `NAME/expected.out` holds their outputs, each after a line
+//!   `# FILE`. The same dumps under another configuration, without copying them.
 //!
 //! - `metadata/NAME.prom`: one scrape whose `# HELP`/`# TYPE` lines become remote-write
 //!   metadata; the metadata forwarded must equal `metadata/NAME.out` (`# TYPE`, `# UNIT`
@@ -27,6 +31,26 @@ fn run_case(config: &Config, scrapes: &[PathBuf]) -> String {
         .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
         .collect();
     promnorm::normalize::normalize(&pipeline, &inputs, 15_000).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The dumps listed in `list` (names in `tests/golden/`), each normalised on its own.
+fn dump_list(list: &Path) -> Vec<String> {
+    std::fs::read_to_string(list)
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
+}
+
+fn run_dumps(config: &Config, list: &Path) -> String {
+    let mut out = String::new();
+    for f in dump_list(list) {
+        out += &format!("# {f}\n");
+        out += &run_case(config, &[golden_dir().join(&f)]);
+    }
+    out
 }
 
 fn check(expected: &Path, got: &str, failures: &mut Vec<String>) {
@@ -57,7 +81,12 @@ fn golden_files() {
         if path.ends_with("metadata") {
             continue; // golden_metadata
         }
-        if path.is_dir() {
+        if path.is_dir() && path.join("dumps").exists() {
+            let config = Config::load(&path.join("config.yaml")).unwrap_or_else(|e| panic!("{e}"));
+            let got = run_dumps(&config, &path.join("dumps"));
+            check(&path.join("expected.out"), &got, &mut failures);
+            multi += 1;
+        } else if path.is_dir() {
             let cfg_path = path.join("config.yaml");
             let config = if cfg_path.exists() {
                 Config::load(&cfg_path).unwrap_or_else(|e| panic!("{e}"))
@@ -209,4 +238,126 @@ fn real_dumps_get_the_spec_treatment() {
     assert!(input.contains("_created"), "the dump has _created series");
     assert!(!vllm.contains("_created"), "_created series dropped");
     assert!(names(&vllm).contains("vllm:kv_cache_usage_perc"));
+}
+
+fn genai_config() -> Config {
+    Config::load(&golden_dir().join("genai/config.yaml")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// With `genai` on, every engine series comes out exactly as without it (the `.out` of
+/// each dump), and the `gen_ai_*` copies come beside them with the labels of the pack.
+#[test]
+fn genai_adds_copies_and_leaves_the_engine_series_alone() {
+    let dir = golden_dir();
+    let cfg = genai_config();
+    let dumps = dump_list(&dir.join("genai/dumps"));
+    assert!(dumps.len() >= 4, "genai/dumps lists the engine dumps");
+    for f in &dumps {
+        let with = run_case(&cfg, &[dir.join(f)]);
+        let engine: String = with
+            .lines()
+            .filter(|l| !l.starts_with("gen_ai_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let without = std::fs::read_to_string(dir.join(f).with_extension("out")).unwrap();
+        assert_eq!(engine, without, "{f}: engine series changed by genai");
+        let copies: Vec<&str> = with.lines().filter(|l| l.starts_with("gen_ai_")).collect();
+        assert!(!copies.is_empty(), "{f}: no gen_ai_* series");
+        for l in &copies {
+            assert!(l.contains("gen_ai_request_model=\""), "{f}: {l}");
+            assert!(l.contains("inference_engine=\""), "{f}: {l}");
+            assert!(
+                !l.contains("model_name=") && !l.contains(",model="),
+                "{f}: {l}"
+            );
+        }
+    }
+
+    let run = |f: &str| run_case(&cfg, &[dir.join(f)]);
+    let vllm = run("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom");
+    let model = r#"gen_ai_request_model="Qwen/Qwen3-0.6B""#;
+    let vllm_e = r#"engine="0","#;
+    assert_eq!(
+        value_of(
+            &vllm,
+            "gen_ai_server_tokens_total",
+            r#"gen_ai_token_type="input""#
+        ),
+        66.0
+    );
+    assert_eq!(
+        value_of(
+            &vllm,
+            "gen_ai_server_tokens_total",
+            r#"gen_ai_token_type="output""#
+        ),
+        600.0
+    );
+    assert_eq!(
+        value_of(
+            &vllm,
+            "vllm:inter_token_latency_seconds_count",
+            "model_name="
+        ),
+        value_of(
+            &vllm,
+            "gen_ai_server_time_per_output_token_seconds_count",
+            model
+        )
+    );
+    assert!(vllm.contains(&format!(
+        "gen_ai_server_request_duration_seconds_count{{{vllm_e}{model},inference_engine=\"vllm\"}}"
+    )));
+
+    let sglang = run("dump-sglang-0.5.7to0.5.9-dynamo-a7b23c0.prom");
+    assert_eq!(
+        value_of(
+            &sglang,
+            "gen_ai_server_tokens_total",
+            r#"gen_ai_token_type="output""#
+        ),
+        300.0
+    );
+    assert!(sglang.contains(r#"gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="Qwen/Qwen3-0.6B",inference_engine="sglang"} 1 "#));
+
+    let dynamo = run("dump-dynamo-frontend-ce30a76.prom");
+    assert!(dynamo.contains(r#"gen_ai_server_tokens_total{gen_ai_request_model="qwen/qwen3-0.6b",gen_ai_token_type="output",inference_engine="dynamo"} 300 "#));
+    assert!(
+        !dynamo.contains(r#"gen_ai_token_type="input",inference_engine="dynamo""#),
+        "the Dynamo frontend has no input token counter"
+    );
+    assert_eq!(
+        value_of(
+            &dynamo,
+            "gen_ai_server_request_duration_seconds_sum",
+            "dynamo"
+        ),
+        2.177646729
+    );
+
+    // An old vLLM: time_per_output_token is migrated by the vllm pack, then copied.
+    let old = run("vllm.prom");
+    let n = names(&old);
+    assert!(n.contains("vllm:inter_token_latency_seconds_bucket"));
+    assert!(!n.contains("vllm:time_per_output_token_seconds_bucket"));
+    assert!(n.contains("gen_ai_server_time_per_output_token_seconds_bucket"));
+}
+
+/// `genai` is off by default, under `builtin: all` and in a map that does not name it.
+#[test]
+fn builtin_all_leaves_genai_off() {
+    let dump = golden_dir().join("dump-vllm-0.13to0.17-lmcache-dynamo-a7b23c0.prom");
+    for text in [
+        "",
+        "packs:\n  builtin: all\n",
+        "packs:\n  builtin: {vllm: true, dcgm: false}\n",
+        "packs:\n  builtin: {genai: false}\n",
+    ] {
+        let cfg = Config::parse(text, "t.yaml").unwrap();
+        let out = run_case(&cfg, std::slice::from_ref(&dump));
+        assert!(!out.contains("gen_ai_"), "{text:?}: genai is on");
+        assert!(out.contains("vllm:e2e_request_latency_seconds_count"));
+    }
+    let cfg = Config::parse("packs:\n  builtin: {genai: true}\n", "t.yaml").unwrap();
+    assert!(run_case(&cfg, &[dump]).contains("gen_ai_server_request_duration_seconds_count"));
 }

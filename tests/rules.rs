@@ -783,3 +783,172 @@ fn lmcache_worker_dedup_example_is_a_working_user_rule() {
         .unwrap();
     assert_eq!(stats.dropped[reason], 3);
 }
+
+fn user_pack_pipeline(tag: &str, pack: &str, builtin: &str) -> Result<Pipeline, String> {
+    let dir = std::env::temp_dir().join(format!("promnorm-rules-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("mine.yaml"), pack).unwrap();
+    std::fs::write(
+        dir.join("cfg.yaml"),
+        format!("listen: 127.0.0.1:0\npacks:\n  builtin: {builtin}\n  files: [mine.yaml]\n"),
+    )
+    .unwrap();
+    let rules = Config::load(&dir.join("cfg.yaml"))
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.validate().map_err(|e| e.to_string()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Pipeline::new(Arc::new(rules?), PipelineLimits::default()))
+}
+
+#[test]
+fn copy_rules_add_a_series_beside_the_original() {
+    let pack = "pack: mine
+rules:
+  - match: {family: q_ms}
+    type: gauge
+    rename: q_seconds
+    scale: 1/1000
+  - match: {family: q_seconds, labels: {env: prod}}
+    type: gauge
+    copy: true
+    rename: queue_seconds
+    unit: seconds
+    rename_labels: {svc: service}
+    set_labels: {view: neutral}
+";
+    let p = user_pack_pipeline("copy", pack, "none").unwrap();
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[("__name__", "q_ms"), ("env", "prod"), ("svc", "a")],
+                    &[(1500.0, 1), (stale(), 2)],
+                ),
+                series(
+                    &[("__name__", "q_ms"), ("env", "dev"), ("svc", "a")],
+                    &[(500.0, 1)],
+                ),
+            ],
+            metadata: vec![metadata(
+                "q_ms",
+                pb::metric_metadata::MetricType::Gauge,
+                "queue in ms",
+                "",
+            )],
+        },
+    );
+    // The series goes on as the other rules leave it (rescaled), both label sets.
+    let own = find(&out, "q_seconds");
+    assert_eq!(own.len(), 2);
+    assert!(find(&out, "q_ms").is_empty());
+    // The copy is made from the rescaled series, only where the labels match.
+    let copy = find(&out, "queue_seconds");
+    assert_eq!(copy.len(), 1, "env=dev is not copied");
+    assert_eq!(
+        copy[0].labels,
+        vec![
+            label("__name__", "queue_seconds"),
+            label("env", "prod"),
+            label("service", "a"),
+            label("view", "neutral"),
+        ]
+    );
+    assert_eq!(copy[0].samples[0].value, 1.5);
+    assert_eq!(
+        copy[0].samples[1].value.to_bits(),
+        STALE_NAN_BITS,
+        "stale markers are copied bit for bit"
+    );
+    // Metadata: the series' own (rescaled) and the copy's, with the copy rule's unit.
+    assert_eq!(metadata_of(&out, "q_seconds").len(), 1);
+    let m = metadata_of(&out, "queue_seconds");
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].unit, "seconds");
+    assert_eq!(m[0].help, "queue in seconds");
+}
+
+#[test]
+fn copy_rules_are_checked() {
+    for (pack, why) in [
+        (
+            "pack: m\nrules:\n  - match: {family: x}\n    copy: true\n    set_labels: {a: b}\n",
+            "needs rename",
+        ),
+        (
+            "pack: m\nrules:\n  - match: {family: x}\n    copy: true\n    rename: y\n    drop: no\n",
+            "cannot drop",
+        ),
+        (
+            "pack: m\nrules:\n  - match: {family: x}\n    copy: true\n    rename: y\n    split_by_label: {label: l, names: {a: z}}\n",
+            "split_by_label",
+        ),
+        ("pack: m\ndefault: maybe\n", "on or off"),
+    ] {
+        let err = user_pack_pipeline("copycheck", pack, "none")
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {pack}"));
+        assert!(err.contains(why), "{pack}: {err}");
+    }
+    // A copy landing on a name another pack writes is a conflict like any rename.
+    let clash = "pack: m\nrules:\n  - match: {family: my_latency_seconds}\n    type: histogram\n    rename: gen_ai_server_request_duration_seconds\n";
+    let err = user_pack_pipeline("copyclash", clash, "{genai: true}")
+        .err()
+        .expect("conflict");
+    assert!(err.contains("conflict"), "{err}");
+    assert!(user_pack_pipeline("copyclash2", clash, "all").is_ok());
+}
+
+#[test]
+fn genai_copies_carry_metadata_beside_the_engine_family() {
+    let p = pipeline("packs:\n  builtin: {genai: true}\n");
+    use pb::metric_metadata::MetricType;
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![],
+            metadata: vec![
+                metadata(
+                    "vllm:e2e_request_latency_seconds",
+                    MetricType::Histogram,
+                    "e2e",
+                    "",
+                ),
+                metadata(
+                    "vllm:time_per_output_token_seconds",
+                    MetricType::Histogram,
+                    "tpot",
+                    "",
+                ),
+                metadata("vllm:prompt_tokens", MetricType::Counter, "prompt", ""),
+                metadata(
+                    "vllm:generation_tokens",
+                    MetricType::Counter,
+                    "generation",
+                    "",
+                ),
+            ],
+        },
+    );
+    let names: Vec<_> = out
+        .metadata
+        .iter()
+        .map(|m| m.metric_family_name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "vllm:e2e_request_latency_seconds",
+            "gen_ai_server_request_duration_seconds",
+            "vllm:inter_token_latency_seconds",
+            "gen_ai_server_time_per_output_token_seconds",
+            "vllm:prompt_tokens",
+            "gen_ai_server_tokens_total",
+            // The input and output token copies share one family: its metadata once.
+            "vllm:generation_tokens",
+        ]
+    );
+    assert_eq!(out.metadata[1].unit, "seconds");
+    assert_eq!(out.metadata[1].help, "e2e");
+    assert_eq!(out.metadata[5].help, "prompt");
+}

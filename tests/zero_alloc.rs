@@ -72,7 +72,16 @@ fn zero_alloc_pipeline() {
         bodies.len() >= 60,
         "need at least 60 requests (4 rounds of the fleet)"
     );
-    let mut cfg = Config::embedded_default();
+    let default_bytes = check_zero_alloc(&bodies, Config::embedded_default(), "default");
+    // With the genai pack on, every engine latency histogram and token counter of the
+    // fleet is also copied: the copies reuse the same buffers.
+    let genai = Config::parse("packs:\n  builtin: {genai: true}\n", "genai.yaml").unwrap();
+    let genai_bytes = check_zero_alloc(&bodies, genai, "genai");
+    assert!(genai_bytes > default_bytes, "genai added no series");
+}
+
+/// Asserts that the warm pipeline allocates nothing; returns the bytes it wrote.
+fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str) -> usize {
     cfg.derived.peaks = vec![promnorm::config::PeakConfig {
         matchers: Default::default(),
         gpu: Some("H100-SXM".into()),
@@ -84,6 +93,7 @@ fn zero_alloc_pipeline() {
     let mut ws = pipeline.take_workspace();
     let mut drained: Vec<Emitted> = Vec::new();
     let (mut encoded, mut scratch) = (Vec::new(), Vec::new());
+    let mut out_bytes = 0;
     // Returns (samples, derived samples, allocations).
     let mut run = |bodies: &[Vec<u8>]| {
         let (mut samples, mut derived, mut count) = (0u64, 0usize, 0u64);
@@ -97,6 +107,7 @@ fn zero_alloc_pipeline() {
             derived += drained.len();
             count += allocations() - before;
             samples += (p.samples_in + p.histograms_in) as u64;
+            out_bytes += ws.encoded.len();
         }
         (samples, derived, count)
     };
@@ -112,11 +123,12 @@ fn zero_alloc_pipeline() {
     let per_sample = allocs as f64 / samples as f64;
     println!("allocations per sample: {per_sample}");
     eprintln!(
-        "zero_alloc_pipeline: {} warm requests ({warm_allocs} allocations), {} measured requests: {samples} samples, {derived_measured} derived samples, {allocs} allocations",
+        "zero_alloc_pipeline ({what}): {} warm requests ({warm_allocs} allocations), {} measured requests: {samples} samples, {derived_measured} derived samples, {allocs} allocations",
         half,
         bodies.len() - half
     );
-    assert_eq!(allocs, 0, "the warm pipeline allocated");
+    assert_eq!(allocs, 0, "the warm pipeline allocated ({what})");
+    out_bytes
 }
 
 /// Heap held per derived series: 1,000,000 series (a vLLM engine each, with the labels

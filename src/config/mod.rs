@@ -20,6 +20,8 @@ pub const BUILTIN_PACKS: &[(&str, &str)] = &[
     ("dcgm", include_str!("../../mappings/dcgm.yaml")),
     ("rdma", include_str!("../../mappings/rdma.yaml")),
     ("dynamo", include_str!("../../mappings/dynamo.yaml")),
+    // Off unless named (`default: off`); after the engine packs, whose migrations it sees.
+    ("genai", include_str!("../../mappings/genai.yaml")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -459,7 +461,8 @@ pub struct IngestAuth {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacksConfig {
-    /// `all`, `none`, or a map of pack name → on/off (unlisted packs are on).
+    /// `all`, `none`, or a map of pack name → on/off (unlisted packs keep their default:
+    /// on, except packs declaring `default: off` such as `genai`).
     #[serde(default)]
     pub builtin: BuiltinPacks,
     /// Users' own mapping files, applied after the built-in packs.

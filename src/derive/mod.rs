@@ -13,7 +13,6 @@
 pub mod defs;
 pub mod gpus;
 pub mod ranks;
-pub mod rules_export;
 pub mod state;
 pub mod writer;
 

@@ -307,7 +307,9 @@ impl Mapper {
                     self.count_out(s);
                     self.tap_raw(taps, buf, req, s);
                 }
-                None | Some(Resolved::OutputName) => self.apply(None, buf, req, s),
+                None | Some(Resolved::OutputName) => {
+                    self.apply(None, buf, req, s);
+                }
                 Some(Resolved::Plan(plan)) => {
                     if plan.keep_original {
                         if s.canonical {
@@ -318,7 +320,13 @@ impl Mapper {
                             self.apply(None, buf, req, s);
                         }
                     }
-                    self.apply(Some(&plan), buf, req, s);
+                    // A copy's plan repeats the series' steps: a series they drop has no
+                    // copies (and its drop is counted once).
+                    if self.apply(Some(&plan), buf, req, s) {
+                        for c in &plan.copies {
+                            self.apply(Some(&c.plan), buf, req, s);
+                        }
+                    }
                 }
             }
         }
@@ -445,6 +453,7 @@ impl Mapper {
             keep_original: false,
             rescales: false,
             trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
+            copies: Vec::new(),
         });
         if self.total_fix_plans.len() >= PLAN_CACHE_LIMIT {
             self.total_fix_plans.clear();
@@ -486,8 +495,15 @@ impl Mapper {
         }
     }
 
-    /// Runs a plan over one series and puts the result into the merge area.
-    fn apply(&mut self, plan: Option<&Plan>, buf: &[u8], req: &DecodedRequest, s: &SeriesView) {
+    /// Runs a plan over one series and puts the result into the merge area; false when
+    /// the plan drops it (or, for a copy, its labels do not match).
+    fn apply(
+        &mut self,
+        plan: Option<&Plan>,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+    ) -> bool {
         self.work.clear();
         for l in &req.labels[s.labels.usize()] {
             self.work.push(WorkLabel {
@@ -502,12 +518,16 @@ impl Mapper {
         if let Some(plan) = plan {
             for step in &plan.steps {
                 if !step.when.is_empty() && !self.matches(buf, &step.when) {
+                    if matches!(step.action, Action::OnlyIf) {
+                        return false;
+                    }
                     continue;
                 }
                 match &step.action {
+                    Action::OnlyIf => {}
                     Action::Drop(reason) => {
                         self.drop_series(s, *reason);
-                        return;
+                        return false;
                     }
                     Action::SetName(n) => {
                         let v = self.intern(n.as_bytes());
@@ -570,7 +590,7 @@ impl Mapper {
                             && self.str_bytes(self.work[i].value, buf) != keep.as_bytes()
                         {
                             self.drop_series(s, REASON_RANK_DEDUP);
-                            return;
+                            return false;
                         }
                     }
                     Action::SumOverRanks(label) => {
@@ -604,6 +624,7 @@ impl Mapper {
         // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
         self.insert(buf, req, s, value_factor, scale.map(|(f, _)| f), rank_label);
+        true
     }
 
     fn rescale_le(

@@ -75,6 +75,9 @@ pub enum Action {
         factor: Factor,
         target: ScaleTarget,
     },
+    /// The series is emitted only if the step's `when` matches (a copy rule's labels):
+    /// otherwise nothing is written and nothing is counted.
+    OnlyIf,
 }
 
 /// Index of the built-in drop reason `tp_rank_dedup` in [`Rules::reasons`].
@@ -100,6 +103,16 @@ pub struct Plan {
     pub rescales: bool,
     /// Human-readable trace of which rules applied, for `explain`.
     pub trace: Vec<String>,
+    /// Copies emitted beside the series (`copy: true` rules).
+    pub copies: Vec<CopyPlan>,
+}
+
+/// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
+#[derive(Clone, Debug)]
+pub struct CopyPlan {
+    pub plan: Plan,
+    /// The copy rule's `unit:`, for the copy's metadata.
+    pub unit: Option<Box<str>>,
 }
 
 /// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
@@ -170,6 +183,8 @@ struct CompiledRule {
     split: Option<Split>,
     set_labels: Vec<(Box<str>, Box<str>)>,
     drop_labels: Vec<Box<str>>,
+    /// `copy: true`: the rule's result is a copy beside the series (phase `PHASE_COPY`).
+    copy: bool,
     describe: String,
 }
 
@@ -208,6 +223,7 @@ const PHASE_MIGRATE: u8 = 1;
 const PHASE_DEDUP: u8 = 2;
 const PHASE_UNIT: u8 = 3;
 const PHASE_TOTAL: u8 = 4;
+const PHASE_COPY: u8 = 5;
 
 /// Compiled, immutable rule set shared by all workers.
 #[derive(Debug)]
@@ -357,12 +373,12 @@ impl Rules {
     /// Renames of several old names onto one new name are the point of migrations; they
     /// are allowed when they are declared in the same pack (merged at run time).
     fn collision_allowed(&self, a: &str, b: &str) -> bool {
-        let pa = self
-            .plan_for(a)
-            .map(|p| p.steps.iter().map(|s| s.pack).collect::<Vec<_>>());
-        let pb = self
-            .plan_for(b)
-            .map(|p| p.steps.iter().map(|s| s.pack).collect::<Vec<_>>());
+        let packs = |p: Plan| -> Vec<u16> {
+            let copies = p.copies.iter().flat_map(|c| c.plan.steps.iter());
+            p.steps.iter().chain(copies).map(|s| s.pack).collect()
+        };
+        let pa = self.plan_for(a).map(packs);
+        let pb = self.plan_for(b).map(packs);
         match (pa, pb) {
             (Some(pa), Some(pb)) => pa.iter().any(|p| pb.contains(p)),
             _ => true,
@@ -465,138 +481,194 @@ impl Rules {
             let Some((kind, target_base)) = self.cover(r, &cur) else {
                 continue;
             };
-            let steps_before = plan.steps.len();
-            // What this rule does, in words, for `explain`.
-            let mut details: Vec<String> = Vec::new();
-            if !r.when.is_empty() {
-                let cond: Vec<String> =
-                    r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-                details.push(format!("only series with {}", cond.join(", ")));
+            if r.copy {
+                let copy = self.copy_plan(r, kind, &target_base, &cur, &plan);
+                plan.trace.extend(copy.trace.last().cloned());
+                plan.copies.push(CopyPlan {
+                    plan: copy,
+                    unit: r.unit.as_deref().map(Into::into),
+                });
+                continue;
             }
-            let pack = r.pack;
-            let when = r.when.clone();
-            let push = |plan: &mut Plan, action: Action| {
-                plan.steps.push(Step {
-                    when: when.clone(),
-                    action,
-                    pack,
-                })
-            };
             if let Some(reason) = r.drop {
-                push(&mut plan, Action::Drop(reason));
+                plan.steps.push(Step {
+                    when: r.when.clone(),
+                    action: Action::Drop(reason),
+                    pack: r.pack,
+                });
                 plan.trace.push(format!(
                     "{}: drop ({})",
                     r.describe, self.reasons[reason as usize]
                 ));
                 continue;
             }
-            for (from, to) in &r.rename_labels {
-                details.push(format!("label {from} → {to}"));
-                push(
-                    &mut plan,
-                    Action::RenameLabel {
-                        from: from.clone(),
-                        to: to.clone(),
-                    },
-                );
-            }
-            for (label, from, to) in &r.label_values {
-                details.push(format!("{label}=\"{from}\" → {label}=\"{to}\""));
-                push(
-                    &mut plan,
-                    Action::MapLabelValue {
-                        label: label.clone(),
-                        from: from.clone(),
-                        to: to.clone(),
-                    },
-                );
-            }
-            if let Some((label, names)) = &r.split {
-                let names = names
-                    .iter()
-                    .map(|(v, base)| {
-                        (
-                            v.clone(),
-                            series_name(base, r.family_type, kind).into_boxed_str(),
-                        )
-                    })
-                    .collect::<Vec<(Box<str>, Box<str>)>>();
-                let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
-                details.push(format!(
-                    "split by {label}: {}; other values keep the name",
-                    to.join(", ")
-                ));
-                push(
-                    &mut plan,
-                    Action::SplitByLabel {
-                        label: label.clone(),
-                        names,
-                    },
-                );
-            }
-            for (n, v) in &r.set_labels {
-                details.push(format!("sets {n}=\"{v}\""));
-                push(
-                    &mut plan,
-                    Action::SetLabel {
-                        name: n.clone(),
-                        value: v.clone(),
-                    },
-                );
-            }
-            for n in &r.drop_labels {
-                details.push(format!("drops label {n}"));
-                push(&mut plan, Action::DropLabel(n.clone()));
-            }
-            if let Some(factor) = r.scale {
-                let target = match kind {
-                    Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
-                    Kind::Bucket => Some(ScaleTarget::Le),
-                    Kind::Count | Kind::Created => None,
-                };
-                details.push(match target {
-                    Some(ScaleTarget::Value) => format!("values {factor}"),
-                    Some(ScaleTarget::Le) => {
-                        format!("le values {factor} (bucket counts unchanged)")
-                    }
-                    None if kind == Kind::Count => "a count: not rescaled".into(),
-                    None => "a timestamp: not rescaled".into(),
-                });
-                if let Some(target) = target {
-                    push(&mut plan, Action::Scale { factor, target });
-                }
-                plan.rescales = true;
-            }
-            let new_name = series_name(&target_base, r.family_type, kind);
-            let renamed = new_name != cur;
-            if renamed {
-                push(&mut plan, Action::SetName(new_name.as_str().into()));
-                if self.packs[pack as usize].keep_original {
-                    plan.keep_original = true;
-                }
-                cur = new_name;
-            }
-            if plan.steps.len() > steps_before {
-                let mut line = r.describe.clone();
-                if !details.is_empty() {
-                    line.push_str(": ");
-                    line.push_str(&details.join("; "));
-                }
-                if renamed {
-                    line.push_str(" → ");
-                    line.push_str(&cur);
-                }
-                plan.trace.push(line);
-            }
+            let when = r.when.clone();
+            self.rule_steps(r, kind, &target_base, &when, &mut cur, &mut plan);
         }
         if !phase_done_dedup {
             self.add_dedup(&cur, &mut plan);
         }
-        if plan.steps.is_empty() {
+        if plan.steps.is_empty() && plan.copies.is_empty() {
             None
         } else {
             Some(plan)
         }
+    }
+
+    /// Appends the steps of rule `r` (already known to cover the series, of `kind`, new
+    /// family base `target_base`) under the condition `when`, and its `explain` line.
+    fn rule_steps(
+        &self,
+        r: &CompiledRule,
+        kind: Kind,
+        target_base: &str,
+        when: &[(Box<str>, Box<str>)],
+        cur: &mut String,
+        plan: &mut Plan,
+    ) {
+        let steps_before = plan.steps.len();
+        // What this rule does, in words, for `explain`.
+        let mut details: Vec<String> = Vec::new();
+        if !r.when.is_empty() {
+            let cond: Vec<String> = r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            details.push(format!("only series with {}", cond.join(", ")));
+        }
+        let pack = r.pack;
+        let push = |plan: &mut Plan, action: Action| {
+            plan.steps.push(Step {
+                when: when.to_vec(),
+                action,
+                pack,
+            })
+        };
+        for (from, to) in &r.rename_labels {
+            details.push(format!("label {from} → {to}"));
+            push(
+                plan,
+                Action::RenameLabel {
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+            );
+        }
+        for (label, from, to) in &r.label_values {
+            details.push(format!("{label}=\"{from}\" → {label}=\"{to}\""));
+            push(
+                plan,
+                Action::MapLabelValue {
+                    label: label.clone(),
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+            );
+        }
+        if let Some((label, names)) = &r.split {
+            let names = names
+                .iter()
+                .map(|(v, base)| {
+                    (
+                        v.clone(),
+                        series_name(base, r.family_type, kind).into_boxed_str(),
+                    )
+                })
+                .collect::<Vec<(Box<str>, Box<str>)>>();
+            let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+            details.push(format!(
+                "split by {label}: {}; other values keep the name",
+                to.join(", ")
+            ));
+            push(
+                plan,
+                Action::SplitByLabel {
+                    label: label.clone(),
+                    names,
+                },
+            );
+        }
+        for (n, v) in &r.set_labels {
+            details.push(format!("sets {n}=\"{v}\""));
+            push(
+                plan,
+                Action::SetLabel {
+                    name: n.clone(),
+                    value: v.clone(),
+                },
+            );
+        }
+        for n in &r.drop_labels {
+            details.push(format!("drops label {n}"));
+            push(plan, Action::DropLabel(n.clone()));
+        }
+        if let Some(factor) = r.scale {
+            let target = match kind {
+                Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
+                Kind::Bucket => Some(ScaleTarget::Le),
+                Kind::Count | Kind::Created => None,
+            };
+            details.push(match target {
+                Some(ScaleTarget::Value) => format!("values {factor}"),
+                Some(ScaleTarget::Le) => {
+                    format!("le values {factor} (bucket counts unchanged)")
+                }
+                None if kind == Kind::Count => "a count: not rescaled".into(),
+                None => "a timestamp: not rescaled".into(),
+            });
+            if let Some(target) = target {
+                push(plan, Action::Scale { factor, target });
+            }
+            plan.rescales = true;
+        }
+        let new_name = series_name(target_base, r.family_type, kind);
+        let renamed = new_name != *cur;
+        if renamed {
+            push(plan, Action::SetName(new_name.as_str().into()));
+            if self.packs[pack as usize].keep_original && !r.copy {
+                plan.keep_original = true;
+            }
+            *cur = new_name;
+        }
+        if plan.steps.len() > steps_before {
+            let mut line = r.describe.clone();
+            if !details.is_empty() {
+                line.push_str(": ");
+                line.push_str(&details.join("; "));
+            }
+            if renamed {
+                line.push_str(" → ");
+                line.push_str(cur);
+            }
+            plan.trace.push(line);
+        }
+    }
+
+    /// The plan of the copy that copy rule `r` makes of a series whose own plan so far is
+    /// `main` (its name now `cur`): `main`'s steps, then the rule's, gated by its labels.
+    fn copy_plan(
+        &self,
+        r: &CompiledRule,
+        kind: Kind,
+        target_base: &str,
+        cur: &str,
+        main: &Plan,
+    ) -> Plan {
+        let mut copy = Plan {
+            steps: main.steps.clone(),
+            rescales: main.rescales,
+            ..Plan::default()
+        };
+        if !r.when.is_empty() {
+            copy.steps.push(Step {
+                when: r.when.clone(),
+                action: Action::OnlyIf,
+                pack: r.pack,
+            });
+        }
+        let mut name = cur.to_string();
+        self.rule_steps(r, kind, target_base, &[], &mut name, &mut copy);
+        let mut line = copy.trace.pop().unwrap_or_else(|| r.describe.clone());
+        line.push_str(" (a copy, beside the series)");
+        copy.trace = vec![line];
+        copy
     }
 
     fn add_dedup(&self, cur: &str, plan: &mut Plan) {
@@ -701,59 +773,27 @@ impl Rules {
                 None => None,
             };
             let Some(plan) = plan else { continue };
-            let mut dropped = false;
-            let mut name: Option<&str> = None;
-            let mut split: Option<&[(Box<str>, Box<str>)]> = None;
-            let mut factor = Factor::ONE;
-            for s in plan.steps.iter().filter(|s| s.when.is_empty()) {
-                match &s.action {
-                    Action::Drop(_) => dropped = true,
-                    // A later rename renames split series too.
-                    Action::SetName(n) => (name, split) = (Some(&**n), None),
-                    Action::SplitByLabel { names, .. } => split = Some(names),
-                    Action::Scale { factor: f, .. } => factor = factor.then(*f),
-                    _ => {}
-                }
-            }
-            if dropped {
-                return Some(MetadataPlan::default());
-            }
-            let strip = |n: &str| -> Box<str> { n.strip_suffix(strip).unwrap_or(n).into() };
-            let names: Vec<Box<str>> = match (split, name) {
-                // Each family a split produces; a series with a value the split does not
-                // name keeps the old name, but carries no metadata of its own.
-                (Some(split), _) => split.iter().map(|(_, n)| strip(n)).collect(),
-                (None, Some(n)) => vec![strip(n)],
-                (None, None) => vec![family.into()],
-            };
-            let rescale = (!factor.is_one()).then_some(factor);
             let unit = self.unit_for(&probe);
-            if unit.is_none() && rescale.is_none() && names.len() == 1 && &*names[0] == family {
+            let Some(main) = metadata_outputs(&plan.steps, family, strip, unit.as_deref()) else {
+                return Some(MetadataPlan::default());
+            };
+            // The series' own metadata is unchanged: forwarded as it is, beside the copies'.
+            let unchanged = main.len() == 1
+                && main[0].unit.is_none()
+                && main[0].rescale.is_none()
+                && &*main[0].name == family;
+            if unchanged && plan.copies.is_empty() {
                 continue;
             }
-            let outputs = names
-                .into_iter()
-                .map(|name| {
-                    let help_unit = rescale.and_then(|_| {
-                        super::meta::unit_of_name(&name)
-                            .or_else(|| unit.as_deref().and_then(super::meta::unit_named))
-                    });
-                    // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
-                    let unit = match (&unit, rescale) {
-                        (Some(u), _) => Some(u.as_str().into()),
-                        (None, Some(_)) => Some(help_unit.map_or("", |u| u.unit).into()),
-                        (None, None) => None,
-                    };
-                    MetadataOutput {
-                        name,
-                        unit,
-                        rescale,
-                        help_unit,
-                    }
-                })
-                .collect();
+            let mut outputs = if unchanged { Vec::new() } else { main };
+            for c in &plan.copies {
+                let unit = c.unit.as_deref().or(unit.as_deref());
+                outputs.extend(
+                    metadata_outputs(&c.plan.steps, family, strip, unit).unwrap_or_default(),
+                );
+            }
             return Some(MetadataPlan {
-                keep_input: plan.keep_original,
+                keep_input: plan.keep_original || unchanged,
                 outputs,
             });
         }
@@ -779,11 +819,68 @@ impl Rules {
     fn unit_for(&self, name: &str) -> Option<String> {
         self.rules
             .iter()
-            .find(|r| r.unit.is_some() && self.cover(r, name).is_some())
+            .find(|r| r.unit.is_some() && !r.copy && self.cover(r, name).is_some())
             .and_then(|r| r.unit.clone())
     }
 }
 
+/// What one linear plan (a series' own, or a copy's) makes of its family's metadata:
+/// `None` when it drops the family. Only unconditional steps count: metadata carries no
+/// labels to match. `strip` is the series suffix the family was probed with; `unit` the
+/// rule's `unit:`, if any.
+fn metadata_outputs(
+    steps: &[Step],
+    family: &str,
+    strip: &str,
+    unit: Option<&str>,
+) -> Option<Vec<MetadataOutput>> {
+    let mut name: Option<&str> = None;
+    let mut split: Option<&[(Box<str>, Box<str>)]> = None;
+    let mut factor = Factor::ONE;
+    for s in steps.iter().filter(|s| s.when.is_empty()) {
+        match &s.action {
+            Action::Drop(_) => return None,
+            // A later rename renames split series too.
+            Action::SetName(n) => (name, split) = (Some(&**n), None),
+            Action::SplitByLabel { names, .. } => split = Some(names),
+            Action::Scale { factor: f, .. } => factor = factor.then(*f),
+            _ => {}
+        }
+    }
+    let strip = |n: &str| -> Box<str> { n.strip_suffix(strip).unwrap_or(n).into() };
+    let names: Vec<Box<str>> = match (split, name) {
+        // Each family a split produces; a series with a value the split does not
+        // name keeps the old name, but carries no metadata of its own.
+        (Some(split), _) => split.iter().map(|(_, n)| strip(n)).collect(),
+        (None, Some(n)) => vec![strip(n)],
+        (None, None) => vec![family.into()],
+    };
+    let rescale = (!factor.is_one()).then_some(factor);
+    let outputs = names
+        .into_iter()
+        .map(|name| {
+            let help_unit = rescale.and_then(|_| {
+                super::meta::unit_of_name(&name).or_else(|| unit.and_then(super::meta::unit_named))
+            });
+            // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
+            let unit = match (unit, rescale) {
+                (Some(u), _) => Some(u.into()),
+                (None, Some(_)) => Some(help_unit.map_or("", |u| u.unit).into()),
+                (None, None) => None,
+            };
+            MetadataOutput {
+                name,
+                unit,
+                rescale,
+                help_unit,
+            }
+        })
+        .collect();
+    Some(outputs)
+}
+
+/// The output name of the series (its first unconditional rename) and of each
+/// unconditional copy (its last rename: the copy rule's).
 fn output_names(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
     for s in &plan.steps {
@@ -793,6 +890,16 @@ fn output_names(plan: &Plan) -> Vec<String> {
         }
     }
     out.truncate(1);
+    for c in plan.copies.iter().map(|c| &c.plan) {
+        if c.steps.iter().any(|s| matches!(s.action, Action::OnlyIf)) {
+            continue;
+        }
+        let name = c.steps.iter().rev().find_map(|s| match &s.action {
+            Action::SetName(n) if s.when.is_empty() => Some(n.to_string()),
+            _ => None,
+        });
+        out.extend(name);
+    }
     out
 }
 
@@ -975,7 +1082,23 @@ fn compile_rule(
         || split.is_some()
         || !spec.set_labels.is_empty()
         || !spec.drop_labels.is_empty();
-    let phase = if spec.drop.is_some() {
+    if spec.copy {
+        if spec.drop.is_some() || split.is_some() {
+            return Err(err(
+                "a copy rule cannot drop or split_by_label (it adds a series beside the original)"
+                    .into(),
+            ));
+        }
+        if spec.rename.is_none() {
+            return Err(err(
+                "a copy rule needs rename (a copy under the series' own name would collide with it)"
+                    .into(),
+            ));
+        }
+    }
+    let phase = if spec.copy {
+        PHASE_COPY
+    } else if spec.drop.is_some() {
         PHASE_DROP
     } else if scale.is_some() {
         PHASE_UNIT
@@ -1029,6 +1152,7 @@ fn compile_rule(
             .map(|(a, b)| (a.as_str().into(), b.as_str().into()))
             .collect(),
         drop_labels: spec.drop_labels.iter().map(|s| s.as_str().into()).collect(),
+        copy: spec.copy,
         describe,
     })
 }
@@ -1082,6 +1206,7 @@ fn compile_otel(pack: u16, index: usize, o: &super::spec::OtelSpec) -> Vec<Compi
             split: None,
             set_labels: Vec::new(),
             drop_labels: Vec::new(),
+            copy: false,
             describe: format!("otel instrument {}", o.name),
         })
         .collect()

@@ -20,6 +20,44 @@ pub struct PackSpec {
     /// Tensor-parallel rank deduplication of logical families.
     #[serde(default)]
     pub rank_dedup: Option<RankDedupSpec>,
+    /// Whether a built-in pack is on when configuration does not name it (`packs.builtin:
+    /// all`, or a map without it). Files listed in `packs.files` are applied regardless.
+    #[serde(default)]
+    pub default: PackDefault,
+}
+
+/// `default: on` (the default) or `default: off`; `true`/`false` are accepted too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PackDefault {
+    #[default]
+    On,
+    Off,
+}
+
+impl PackDefault {
+    pub fn is_on(self) -> bool {
+        self == PackDefault::On
+    }
+}
+
+impl<'de> Deserialize<'de> for PackDefault {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(PackDefault::On),
+            Raw::Bool(false) => Ok(PackDefault::Off),
+            Raw::Word(w) if w == "on" => Ok(PackDefault::On),
+            Raw::Word(w) if w == "off" => Ok(PackDefault::Off),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "default must be on or off, not {w:?}"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -71,6 +109,10 @@ pub struct RuleSpec {
     pub set_labels: BTreeMap<String, String>,
     #[serde(default)]
     pub drop_labels: Vec<String>,
+    /// Emit the rewritten series as a copy, beside the series, which goes on unchanged.
+    /// Copy rules apply after every other phase, to the series as the other rules leave it.
+    #[serde(default)]
+    pub copy: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

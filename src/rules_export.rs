@@ -1,4 +1,4 @@
-//! `promnorm rules`: the derived series ([`super::defs`]) and the sums over ranks as
+//! `promnorm rules`: the derived series ([`crate::derive::defs`]) and the sums over ranks as
 //! Prometheus recording rules, so that a backend's ruler computes them instead of the
 //! proxy (docs/derived.md, "Recording rules").
 //!
@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::Peak;
-use super::defs::{DEFINITIONS, Definition, Formula};
+use crate::app::{Assemble, BuildError};
 use crate::config::{Config, ConfigError, format_duration};
+use crate::derive::Peak;
+use crate::derive::defs::{DEFINITIONS, Definition, Formula};
 use crate::mapping::Rules;
 use crate::mapping::compile::Action;
 
@@ -58,6 +59,8 @@ pub enum ExportError {
     Invalid(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
 }
 
 /// The rule file for a configuration: its packs (which families are summed over ranks)
