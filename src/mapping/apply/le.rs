@@ -1,0 +1,72 @@
+//! Rescaling `le` bucket bounds, in the float style (Go or Python) the family uses.
+
+use super::*;
+
+impl Mapper {
+    pub(super) fn rescale_le(
+        &mut self,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+        factor: crate::mapping::number::Factor,
+    ) {
+        let Some(i) = self.find(buf, b"le") else {
+            return;
+        };
+        let text_bytes = self.str_bytes(self.work[i].value, buf);
+        let Ok(text) = std::str::from_utf8(text_bytes) else {
+            return;
+        };
+        let Some(v) = parse_float(text) else { return };
+        if !v.is_finite() {
+            return;
+        }
+        let style = match style_of(text) {
+            StyleEvidence::Known(st) => st,
+            StyleEvidence::Ambiguous => self.family_le_style(buf, req, s),
+        };
+        let start = self.arena.len() as u32;
+        write_float(&mut self.arena, factor.apply(v), style);
+        self.work[i].value = Str::Arena(start, self.arena.len() as u32);
+    }
+
+    /// The `le` style of a family whose bucket at hand is ambiguous (e.g. `0.5`):
+    /// learned from the family's other buckets in this request, remembered afterwards.
+    pub(super) fn family_le_style(
+        &mut self,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+    ) -> FloatStyle {
+        let name = s.name.str(buf);
+        if let Some(st) = self.le_styles.get(name) {
+            return *st;
+        }
+        let mut found = None;
+        for other in &req.series {
+            if other.name.bytes(buf) != name.as_bytes() {
+                continue;
+            }
+            for l in &req.labels[other.labels.usize()] {
+                if l.name.bytes(buf) == b"le"
+                    && let StyleEvidence::Known(st) = style_of(l.value.str(buf))
+                {
+                    found = Some(st);
+                    break;
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        match found {
+            Some(st) => {
+                if self.le_styles.len() < PLAN_CACHE_LIMIT {
+                    self.le_styles.insert(name.into(), st);
+                }
+                st
+            }
+            None => FloatStyle::Go,
+        }
+    }
+}

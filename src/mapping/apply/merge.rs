@@ -1,0 +1,237 @@
+//! Merging output series that land on one label set (the collision invariant), and
+//! encoding them in timestamp order.
+
+use super::*;
+
+impl Mapper {
+    /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
+    /// onto an existing one loses to the existing one).
+    pub(super) fn finish_labels(&mut self, buf: &[u8]) {
+        let mut work = std::mem::take(&mut self.work);
+        work.retain(|l| !self.str_bytes(l.value, buf).is_empty());
+        work.sort_by(|a, b| {
+            self.str_bytes(a.name, buf)
+                .cmp(self.str_bytes(b.name, buf))
+                .then(a.renamed.cmp(&b.renamed))
+        });
+        work.dedup_by(|later, earlier| {
+            self.str_bytes(later.name, buf) == self.str_bytes(earlier.name, buf)
+        });
+        self.work = work;
+    }
+
+    pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        for l in &self.work {
+            h.write(self.str_bytes(l.name, buf));
+            h.write_u8(0xff);
+            h.write(self.str_bytes(l.value, buf));
+            h.write_u8(0xfe);
+        }
+        h.finish()
+    }
+
+    pub(super) fn same_labels(&self, buf: &[u8], o: &OutSeries) -> bool {
+        let theirs = &self.out_labels[o.labels.usize()];
+        theirs.len() == self.work.len()
+            && theirs.iter().zip(&self.work).all(|(a, b)| {
+                self.str_bytes(a.name, buf) == self.str_bytes(b.name, buf)
+                    && self.str_bytes(a.value, buf) == self.str_bytes(b.value, buf)
+            })
+    }
+
+    pub(super) fn insert(
+        &mut self,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+        factor: Option<crate::mapping::number::Factor>,
+        exemplar_factor: Option<crate::mapping::number::Factor>,
+        rank_label: Option<Str>,
+    ) {
+        // Samples (rescaled when a factor applies; stale markers never touched).
+        let s_start = self.samples.len() as u32;
+        for smp in &req.samples[s.samples.usize()] {
+            let value_bits = match factor {
+                Some(f) if smp.value_bits != STALE_NAN_BITS => {
+                    f.apply(f64::from_bits(smp.value_bits)).to_bits()
+                }
+                _ => smp.value_bits,
+            };
+            self.samples.push(SampleView {
+                value_bits,
+                timestamp: smp.timestamp,
+            });
+        }
+        let e_start = self.exemplars.len() as u32;
+        for ex in &req.exemplars[s.exemplars.usize()] {
+            let value_bits = match exemplar_factor {
+                Some(f) if ex.value_bits != STALE_NAN_BITS => {
+                    f.apply(f64::from_bits(ex.value_bits)).to_bits()
+                }
+                _ => ex.value_bits,
+            };
+            self.exemplars.push(ExemplarOut {
+                labels: ex.labels,
+                value_bits,
+                timestamp: ex.timestamp,
+            });
+        }
+        let h_start = self.histograms.len() as u32;
+        for hi in s.histograms.usize() {
+            self.histograms.push(hi as u32);
+        }
+        if exemplar_factor.is_some() {
+            self.stats.native_unscaled += s.histograms.len() as u64;
+        }
+        let chunk = Chunk {
+            samples: Range32 {
+                start: s_start,
+                end: self.samples.len() as u32,
+            },
+            exemplars: Range32 {
+                start: e_start,
+                end: self.exemplars.len() as u32,
+            },
+            histograms: Range32 {
+                start: h_start,
+                end: self.histograms.len() as u32,
+            },
+            next: NONE,
+        };
+        let chunk_id = self.chunks.len() as u32;
+        self.chunks.push(chunk);
+
+        let hash = self.label_hash(buf);
+        let mut cursor = self.index.get(&hash).copied().unwrap_or(NONE);
+        let head = cursor;
+        while cursor != NONE {
+            let o = self.out_series[cursor as usize];
+            if self.same_labels(buf, &o) {
+                self.chunks[o.last_chunk as usize].next = chunk_id;
+                self.out_series[cursor as usize].last_chunk = chunk_id;
+                self.stats.collisions += 1;
+                return;
+            }
+            cursor = o.next_same_hash;
+        }
+        let l_start = self.out_labels.len() as u32;
+        self.out_labels.extend_from_slice(&self.work);
+        let id = self.out_series.len() as u32;
+        self.out_series.push(OutSeries {
+            labels: Range32 {
+                start: l_start,
+                end: self.out_labels.len() as u32,
+            },
+            first_chunk: chunk_id,
+            last_chunk: chunk_id,
+            next_same_hash: head,
+            rank_label,
+        });
+        self.index.insert(hash, id);
+    }
+
+    pub(super) fn encode_merged(
+        &mut self,
+        buf: &[u8],
+        req: &DecodedRequest,
+        out: &mut Vec<u8>,
+        taps: &TapSet,
+    ) {
+        let mut series_buf = std::mem::take(&mut self.series_buf);
+        for oi in 0..self.out_series.len() {
+            let o = self.out_series[oi];
+            let mut w = SeriesWriter::new(&mut series_buf);
+            for l in &self.out_labels[o.labels.usize()] {
+                w.label(self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
+            }
+            let first = self.chunks[o.first_chunk as usize];
+            if first.next == NONE {
+                for smp in &self.samples[first.samples.usize()] {
+                    w.sample(smp.value_bits, smp.timestamp);
+                }
+                self.stats.samples_out += first.samples.len() as u64;
+                for ex in &self.exemplars[first.exemplars.usize()] {
+                    let labels = req.labels[ex.labels.usize()]
+                        .iter()
+                        .map(|l| (l.name.bytes(buf), l.value.bytes(buf)));
+                    w.exemplar(labels, ex.value_bits, ex.timestamp);
+                }
+                for &hi in &self.histograms[first.histograms.usize()] {
+                    w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
+                }
+                self.stats.histograms_out += first.histograms.len() as u64;
+                if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
+                    self.tap_merged(taps, buf, o, Some(first.samples));
+                }
+            } else {
+                self.encode_chunks(&mut w, o.first_chunk, buf, req);
+                if (!taps.is_empty() || o.rank_label.is_some()) && !self.gather_samples.is_empty() {
+                    self.tap_merged(taps, buf, o, None);
+                }
+            }
+            w.finish(out);
+            self.stats.series_out += 1;
+        }
+        self.series_buf = series_buf;
+    }
+
+    /// Merges the chunks of several inputs that landed on one label set: timestamp order,
+    /// first sample kept for a repeated timestamp (the rest counted as dropped).
+    pub(super) fn encode_chunks(
+        &mut self,
+        w: &mut SeriesWriter<'_>,
+        first: u32,
+        buf: &[u8],
+        req: &DecodedRequest,
+    ) {
+        self.gather_samples.clear();
+        self.gather_hist.clear();
+        self.gather_ex.clear();
+        let mut c = first;
+        while c != NONE {
+            let ch = self.chunks[c as usize];
+            self.gather_samples
+                .extend_from_slice(&self.samples[ch.samples.usize()]);
+            self.gather_ex
+                .extend_from_slice(&self.exemplars[ch.exemplars.usize()]);
+            for &hi in &self.histograms[ch.histograms.usize()] {
+                self.gather_hist
+                    .push((req.histograms[hi as usize].timestamp, hi));
+            }
+            c = ch.next;
+        }
+        // Stable sorts keep the first-received sample first among equal timestamps.
+        self.gather_samples.sort_by_key(|s| s.timestamp);
+        let before = self.gather_samples.len();
+        self.gather_samples.dedup_by_key(|s| s.timestamp);
+        let mut dups = (before - self.gather_samples.len()) as u64;
+        self.gather_hist.sort_by_key(|h| h.0);
+        let before = self.gather_hist.len();
+        self.gather_hist.dedup_by_key(|h| h.0);
+        dups += (before - self.gather_hist.len()) as u64;
+        self.gather_ex.sort_by_key(|e| e.timestamp);
+        self.gather_ex.dedup_by_key(|e| e.timestamp);
+        if let Some(d) = self
+            .stats
+            .dropped
+            .get_mut(REASON_DUPLICATE_TIMESTAMP as usize)
+        {
+            *d += dups;
+        }
+        for smp in &self.gather_samples {
+            w.sample(smp.value_bits, smp.timestamp);
+        }
+        self.stats.samples_out += self.gather_samples.len() as u64;
+        for ex in &self.gather_ex {
+            let labels = req.labels[ex.labels.usize()]
+                .iter()
+                .map(|l| (l.name.bytes(buf), l.value.bytes(buf)));
+            w.exemplar(labels, ex.value_bits, ex.timestamp);
+        }
+        for &(_, hi) in &self.gather_hist {
+            w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
+        }
+        self.stats.histograms_out += self.gather_hist.len() as u64;
+    }
+}

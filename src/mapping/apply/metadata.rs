@@ -1,0 +1,110 @@
+//! Metadata: renamed and re-united families, and the counters learnt from it for the
+//! metadata `_total` fix.
+
+use super::*;
+
+impl CounterFamilies {
+    /// Families remembered at most (metadata of unbounded cardinality cannot grow it).
+    pub const LIMIT: usize = 100_000;
+
+    pub fn len(&self) -> usize {
+        self.set.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(super) fn learn(&self, names: &mut Vec<Box<str>>) {
+        let Ok(mut guard) = self.set.lock() else {
+            return;
+        };
+        let mut next = (**guard).clone();
+        for n in names.drain(..) {
+            if next.len() < Self::LIMIT {
+                next.insert(n);
+            }
+        }
+        *guard = Arc::new(next);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    pub(super) fn snapshot(&self) -> Option<(u64, Arc<AHashSet<Box<str>>>)> {
+        let guard = self.set.lock().ok()?;
+        Some((self.version.load(Ordering::Acquire), guard.clone()))
+    }
+}
+
+impl Mapper {
+    pub(super) fn map_metadata(
+        &mut self,
+        rules: &Rules,
+        buf: &[u8],
+        req: &DecodedRequest,
+        out: &mut Vec<u8>,
+        learn_counters: bool,
+    ) {
+        for md in &req.metadata {
+            let family = md.family.str(buf);
+            let plan = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
+                None
+            } else if let Some(t) = self.meta_cache.get(family) {
+                t.clone()
+            } else {
+                let t = rules.metadata_plan(family).map(Arc::new);
+                if self.meta_cache.len() >= PLAN_CACHE_LIMIT {
+                    self.meta_cache.clear();
+                }
+                self.meta_cache.insert(family.into(), t.clone());
+                t
+            };
+            // COUNTER (1) families no pack knows, written without `_total`: learn them.
+            if learn_counters
+                && plan.is_none()
+                && md.metric_type == 1
+                && !family.ends_with("_total")
+                && !self.counters_seen.contains(family)
+                && !self.learnt.iter().any(|n| &**n == family)
+            {
+                self.learnt.push(family.into());
+            }
+            let Some(plan) = plan else {
+                if self.first_meta(family.as_bytes()) {
+                    write_raw_metadata(out, md.raw.bytes(buf));
+                    self.stats.metadata_out += 1;
+                }
+                continue;
+            };
+            if plan.keep_input && self.first_meta(family.as_bytes()) {
+                write_raw_metadata(out, md.raw.bytes(buf));
+                self.stats.metadata_out += 1;
+            }
+            for o in &plan.outputs {
+                if !self.first_meta(o.name.as_bytes()) {
+                    continue; // re-united family: one metadata entry is enough
+                }
+                let unit = o
+                    .unit
+                    .as_deref()
+                    .map(str::as_bytes)
+                    .unwrap_or(md.unit.bytes(buf));
+                let help = match o.rescale {
+                    Some(f) => {
+                        meta::rewrite_help(md.help.bytes(buf), f, o.help_unit, &mut self.help_buf);
+                        &self.help_buf[..]
+                    }
+                    None => md.help.bytes(buf),
+                };
+                write_metadata(out, md.metric_type, o.name.as_bytes(), help, unit);
+                self.stats.metadata_out += 1;
+            }
+        }
+    }
+
+    /// True the first time this request writes metadata for family `name`.
+    pub(super) fn first_meta(&mut self, name: &[u8]) -> bool {
+        let mut h = self.hasher.build_hasher();
+        h.write(name);
+        self.meta_seen.insert(h.finish())
+    }
+}

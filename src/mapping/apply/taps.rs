@@ -1,0 +1,127 @@
+//! Taps: the output series the derive stage reads, recorded while the mapper writes them.
+
+use super::*;
+
+impl TapSet {
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        TapSet {
+            names: names.into_iter().map(|n| n.as_bytes().into()).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    #[inline]
+    pub fn contains(&self, name: &[u8]) -> bool {
+        self.names.contains(name)
+    }
+}
+
+impl<'a> TappedSeries<'a> {
+    pub fn labels(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone + 'a {
+        let (m, buf) = (self.mapper, self.buf);
+        m.tap_labels[self.tapped.labels.usize()]
+            .iter()
+            .map(move |(n, v)| (m.str_bytes(*n, buf), m.str_bytes(*v, buf)))
+    }
+
+    pub fn name(&self) -> &'a [u8] {
+        self.labels()
+            .find(|(n, _)| *n == b"__name__")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+
+    pub fn samples(&self) -> &'a [SampleView] {
+        &self.mapper.tap_samples[self.tapped.samples.usize()]
+    }
+
+    /// The rank label to sum this physical series over, when its pack asks for it.
+    pub fn rank_label(&self) -> Option<&'a [u8]> {
+        self.tapped
+            .rank_label
+            .map(|l| self.mapper.str_bytes(l, self.buf))
+    }
+}
+
+impl Mapper {
+    /// The output series recorded for the derive stage by the last [`Mapper::map_request`].
+    pub fn tapped<'a>(&'a self, buf: &'a [u8]) -> impl Iterator<Item = TappedSeries<'a>> + 'a {
+        self.taps.iter().map(move |t| TappedSeries {
+            mapper: self,
+            buf,
+            tapped: *t,
+        })
+    }
+
+    pub(super) fn tap_raw(
+        &mut self,
+        taps: &TapSet,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+    ) {
+        if taps.is_empty() || s.samples.is_empty() || !taps.contains(s.name.bytes(buf)) {
+            return;
+        }
+        let l_start = self.tap_labels.len() as u32;
+        for l in &req.labels[s.labels.usize()] {
+            self.tap_labels.push((Str::In(l.name), Str::In(l.value)));
+        }
+        let s_start = self.tap_samples.len() as u32;
+        self.tap_samples
+            .extend_from_slice(&req.samples[s.samples.usize()]);
+        self.close_tap(l_start, s_start, None);
+    }
+
+    /// Records the tap whose labels and samples were appended from these offsets on.
+    pub(super) fn close_tap(&mut self, l_start: u32, s_start: u32, rank_label: Option<Str>) {
+        self.taps.push(Tapped {
+            labels: Range32 {
+                start: l_start,
+                end: self.tap_labels.len() as u32,
+            },
+            samples: Range32 {
+                start: s_start,
+                end: self.tap_samples.len() as u32,
+            },
+            rank_label,
+        });
+    }
+
+    /// Records a merged output series if the derive stage wants it, with the samples
+    /// just written for it: `samples` of one chunk, or (`None`) the gathered ones.
+    pub(super) fn tap_merged(
+        &mut self,
+        taps: &TapSet,
+        buf: &[u8],
+        o: OutSeries,
+        samples: Option<Range32>,
+    ) {
+        if o.rank_label.is_none() {
+            let out_labels = &self.out_labels[o.labels.usize()];
+            let Some(name) = out_labels
+                .iter()
+                .find(|l| self.str_bytes(l.name, buf) == b"__name__")
+            else {
+                return;
+            };
+            if !taps.contains(self.str_bytes(name.value, buf)) {
+                return;
+            }
+        }
+        let l_start = self.tap_labels.len() as u32;
+        for i in o.labels.usize() {
+            let l = self.out_labels[i];
+            self.tap_labels.push((l.name, l.value));
+        }
+        let s_start = self.tap_samples.len() as u32;
+        match samples {
+            Some(r) => self.tap_samples.extend_from_slice(&self.samples[r.usize()]),
+            None => self.tap_samples.extend_from_slice(&self.gather_samples),
+        }
+        self.close_tap(l_start, s_start, o.rank_label);
+    }
+}

@@ -1,0 +1,308 @@
+//! Plans: the steps a series name goes through, rule by rule and phase by phase.
+
+use super::*;
+
+impl Rules {
+    /// Builds the plan for a series name by walking the phases; a rename in one phase
+    /// makes later phases match the new name.
+    pub fn plan_for(&self, name: &str) -> Option<Plan> {
+        let mut plan = Plan::default();
+        let mut cur = name.to_string();
+        if self.drop_created && name.ends_with("_created") {
+            plan.steps.push(Step {
+                when: Vec::new(),
+                action: Action::Drop(self.created_reason),
+                pack: u16::MAX,
+            });
+            plan.trace
+                .push("drop_created_series: dropped (holds a timestamp, not a value)".into());
+            return Some(plan);
+        }
+        let mut phase_done_dedup = false;
+        for r in &self.rules {
+            if r.phase > PHASE_DEDUP && !phase_done_dedup {
+                self.add_dedup(&cur, &mut plan);
+                phase_done_dedup = true;
+            }
+            let Some((kind, target_base)) = self.cover(r, &cur) else {
+                continue;
+            };
+            if r.copy {
+                let copy = self.copy_plan(r, kind, &target_base, &cur, &plan);
+                plan.trace.extend(copy.trace.last().cloned());
+                plan.copies.push(CopyPlan {
+                    plan: copy,
+                    unit: r.unit.as_deref().map(Into::into),
+                });
+                continue;
+            }
+            if let Some(reason) = r.drop {
+                plan.steps.push(Step {
+                    when: r.when.clone(),
+                    action: Action::Drop(reason),
+                    pack: r.pack,
+                });
+                plan.trace.push(format!(
+                    "{}: drop ({})",
+                    r.describe, self.reasons[reason as usize]
+                ));
+                continue;
+            }
+            let when = r.when.clone();
+            self.rule_steps(r, kind, &target_base, &when, &mut cur, &mut plan);
+        }
+        if !phase_done_dedup {
+            self.add_dedup(&cur, &mut plan);
+        }
+        if plan.steps.is_empty() && plan.copies.is_empty() {
+            None
+        } else {
+            Some(plan)
+        }
+    }
+
+    /// Appends the steps of rule `r` (already known to cover the series, of `kind`, new
+    /// family base `target_base`) under the condition `when`, and its `explain` line.
+    pub(super) fn rule_steps(
+        &self,
+        r: &CompiledRule,
+        kind: Kind,
+        target_base: &str,
+        when: &[(Box<str>, Box<str>)],
+        cur: &mut String,
+        plan: &mut Plan,
+    ) {
+        let steps_before = plan.steps.len();
+        // What this rule does, in words, for `explain`.
+        let mut details: Vec<String> = Vec::new();
+        if !r.when.is_empty() {
+            let cond: Vec<String> = r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            details.push(format!("only series with {}", cond.join(", ")));
+        }
+        let pack = r.pack;
+        let push = |plan: &mut Plan, action: Action| {
+            plan.steps.push(Step {
+                when: when.to_vec(),
+                action,
+                pack,
+            })
+        };
+        for (from, to) in &r.rename_labels {
+            details.push(format!("label {from} → {to}"));
+            push(
+                plan,
+                Action::RenameLabel {
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+            );
+        }
+        for (label, from, to) in &r.label_values {
+            details.push(format!("{label}=\"{from}\" → {label}=\"{to}\""));
+            push(
+                plan,
+                Action::MapLabelValue {
+                    label: label.clone(),
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+            );
+        }
+        if let Some((label, names)) = &r.split {
+            let names = names
+                .iter()
+                .map(|(v, base)| {
+                    (
+                        v.clone(),
+                        series_name(base, r.family_type, kind).into_boxed_str(),
+                    )
+                })
+                .collect::<Vec<(Box<str>, Box<str>)>>();
+            let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+            details.push(format!(
+                "split by {label}: {}; other values keep the name",
+                to.join(", ")
+            ));
+            push(
+                plan,
+                Action::SplitByLabel {
+                    label: label.clone(),
+                    names,
+                },
+            );
+        }
+        for (n, v) in &r.set_labels {
+            details.push(format!("sets {n}=\"{v}\""));
+            push(
+                plan,
+                Action::SetLabel {
+                    name: n.clone(),
+                    value: v.clone(),
+                },
+            );
+        }
+        for n in &r.drop_labels {
+            details.push(format!("drops label {n}"));
+            push(plan, Action::DropLabel(n.clone()));
+        }
+        if let Some(factor) = r.scale {
+            let target = match kind {
+                Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
+                Kind::Bucket => Some(ScaleTarget::Le),
+                Kind::Count | Kind::Created => None,
+            };
+            details.push(match target {
+                Some(ScaleTarget::Value) => format!("values {factor}"),
+                Some(ScaleTarget::Le) => {
+                    format!("le values {factor} (bucket counts unchanged)")
+                }
+                None if kind == Kind::Count => "a count: not rescaled".into(),
+                None => "a timestamp: not rescaled".into(),
+            });
+            if let Some(target) = target {
+                push(plan, Action::Scale { factor, target });
+            }
+            plan.rescales = true;
+        }
+        let new_name = series_name(target_base, r.family_type, kind);
+        let renamed = new_name != *cur;
+        if renamed {
+            push(plan, Action::SetName(new_name.as_str().into()));
+            if self.packs[pack as usize].keep_original && !r.copy {
+                plan.keep_original = true;
+            }
+            *cur = new_name;
+        }
+        if plan.steps.len() > steps_before {
+            let mut line = r.describe.clone();
+            if !details.is_empty() {
+                line.push_str(": ");
+                line.push_str(&details.join("; "));
+            }
+            if renamed {
+                line.push_str(" → ");
+                line.push_str(cur);
+            }
+            plan.trace.push(line);
+        }
+    }
+
+    /// The plan of the copy that copy rule `r` makes of a series whose own plan so far is
+    /// `main` (its name now `cur`): `main`'s steps, then the rule's, gated by its labels.
+    pub(super) fn copy_plan(
+        &self,
+        r: &CompiledRule,
+        kind: Kind,
+        target_base: &str,
+        cur: &str,
+        main: &Plan,
+    ) -> Plan {
+        let mut copy = Plan {
+            steps: main.steps.clone(),
+            rescales: main.rescales,
+            ..Plan::default()
+        };
+        if !r.when.is_empty() {
+            copy.steps.push(Step {
+                when: r.when.clone(),
+                action: Action::OnlyIf,
+                pack: r.pack,
+            });
+        }
+        let mut name = cur.to_string();
+        self.rule_steps(r, kind, target_base, &[], &mut name, &mut copy);
+        let mut line = copy.trace.pop().unwrap_or_else(|| r.describe.clone());
+        line.push_str(" (a copy, beside the series)");
+        copy.trace = vec![line];
+        copy
+    }
+
+    pub(super) fn add_dedup(&self, cur: &str, plan: &mut Plan) {
+        for d in &self.dedups {
+            if !d.prefixes.iter().any(|p| cur.starts_with(p.as_str())) {
+                continue;
+            }
+            let physical = d.physical_names.contains(cur)
+                || d.physical_prefixes
+                    .iter()
+                    .any(|p| cur.starts_with(p.as_str()))
+                || d.physical_suffixes
+                    .iter()
+                    .any(|s| cur.ends_with(s.as_str()));
+            if physical {
+                plan.trace.push(format!(
+                    "pack {}: physical per-rank family, every {} kept",
+                    self.packs[d.pack as usize].name, d.label
+                ));
+                if d.sum_over_ranks {
+                    plan.steps.push(Step {
+                        when: Vec::new(),
+                        action: Action::SumOverRanks(d.label.clone()),
+                        pack: d.pack,
+                    });
+                    plan.trace.push(format!(
+                        "pack {}: also summed over {} (a series without it)",
+                        self.packs[d.pack as usize].name, d.label
+                    ));
+                }
+                continue;
+            }
+            plan.steps.push(Step {
+                when: Vec::new(),
+                action: Action::RankDedup {
+                    label: d.label.clone(),
+                    keep: d.keep.clone(),
+                },
+                pack: d.pack,
+            });
+            plan.trace.push(format!(
+                "pack {}: logical family, only {}=\"{}\" kept",
+                self.packs[d.pack as usize].name, d.label, d.keep
+            ));
+        }
+    }
+
+    /// Does rule `r` cover series `name`? Returns its kind and the new family base.
+    pub(super) fn cover(&self, r: &CompiledRule, name: &str) -> Option<(Kind, String)> {
+        match &r.matcher {
+            Matcher::Exact(fams) => {
+                for f in fams {
+                    for (n, kind) in covered_names(f, r.family_type) {
+                        if n == name {
+                            let base = r
+                                .rename
+                                .clone()
+                                .unwrap_or_else(|| family_base(f, r.family_type).to_string());
+                            return Some((kind, base));
+                        }
+                    }
+                }
+                None
+            }
+            Matcher::Prefix(p) => {
+                let rest = name.strip_prefix(&**p)?;
+                match &r.rename {
+                    // A prefix rename replaces the prefix; the series keeps its suffix.
+                    Some(to) => Some((Kind::Plain, format!("{to}{rest}"))),
+                    None => Some((Kind::Plain, name.to_string())),
+                }
+            }
+            Matcher::Regex(re) => {
+                for (kind, base) in candidates(name, r.family_type) {
+                    if let Some(caps) = re.captures(base) {
+                        let target = match &r.rename {
+                            Some(t) => {
+                                let mut out = String::new();
+                                caps.expand(t, &mut out);
+                                out
+                            }
+                            None => family_base(base, r.family_type).to_string(),
+                        };
+                        return Some((kind, target));
+                    }
+                }
+                None
+            }
+        }
+    }
+}
