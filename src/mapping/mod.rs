@@ -2,6 +2,7 @@
 //! ([`compile`]) and its application to decoded requests ([`apply`]).
 
 pub mod apply;
+pub mod cache;
 pub mod compile;
 pub mod meta;
 pub mod number;

@@ -61,9 +61,7 @@ impl Mapper {
         }
         match found {
             Some(st) => {
-                if self.le_styles.len() < PLAN_CACHE_LIMIT {
-                    self.le_styles.insert(name.into(), st);
-                }
+                self.le_styles.insert(name, st);
                 st
             }
             None => FloatStyle::Go,

@@ -48,15 +48,9 @@ impl Mapper {
             let family = md.family.str(buf);
             let plan = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
                 None
-            } else if let Some(t) = self.meta_cache.get(family) {
-                t.clone()
             } else {
-                let t = rules.metadata_plan(family).map(Arc::new);
-                if self.meta_cache.len() >= PLAN_CACHE_LIMIT {
-                    self.meta_cache.clear();
-                }
-                self.meta_cache.insert(family.into(), t.clone());
-                t
+                self.meta_cache
+                    .get_or_insert_with(family, || rules.metadata_plan(family).map(Arc::new))
             };
             // COUNTER (1) families no pack knows, written without `_total`: learn them.
             if learn_counters

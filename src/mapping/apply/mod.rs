@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use ahash::{AHashMap, AHashSet};
 
+use super::cache::NameCache;
 use super::compile::{
     Action, MetadataPlan, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP, Resolution, Rules,
     ScaleTarget, Step,
@@ -30,7 +31,6 @@ use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, writ
 pub use crate::wire::STALE_NAN_BITS;
 
 const NONE: u32 = u32::MAX;
-const PLAN_CACHE_LIMIT: usize = 100_000;
 /// The tap set of a pipeline without a derive stage.
 static NO_TAPS: std::sync::LazyLock<TapSet> = std::sync::LazyLock::new(TapSet::default);
 /// The "pack" of steps that are not from a pack (the metadata `_total` fix).
@@ -166,12 +166,12 @@ pub struct Mapper {
     histograms: Vec<u32>,
     index: AHashMap<u64, u32>,
     hasher: ahash::RandomState,
-    plan_cache: AHashMap<Box<str>, Option<Arc<Plan>>>,
-    meta_cache: AHashMap<Box<str>, Option<Arc<MetadataPlan>>>,
+    plan_cache: NameCache<Option<Arc<Plan>>>,
+    meta_cache: NameCache<Option<Arc<MetadataPlan>>>,
     /// A rescaled family's restated HELP text, reused across entries.
     help_buf: Vec<u8>,
     meta_seen: AHashSet<u64>,
-    le_styles: AHashMap<Box<str>, FloatStyle>,
+    le_styles: NameCache<FloatStyle>,
     gather_samples: Vec<SampleView>,
     gather_hist: Vec<(i64, u32)>,
     gather_ex: Vec<ExemplarOut>,
@@ -181,7 +181,7 @@ pub struct Mapper {
     tap_samples: Vec<SampleView>,
     counters_seen: Arc<AHashSet<Box<str>>>,
     counters_version: u64,
-    total_fix_plans: AHashMap<Box<str>, Arc<Plan>>,
+    total_fix_plans: NameCache<Arc<Plan>>,
     learnt: Vec<Box<str>>,
     pub stats: MapStats,
 }
@@ -281,17 +281,9 @@ impl Mapper {
             None => {}
         }
         if rules.needs_pattern_lookup() {
-            let plan = match self.plan_cache.get(name) {
-                Some(cached) => cached.clone(),
-                None => {
-                    if self.plan_cache.len() >= PLAN_CACHE_LIMIT {
-                        self.plan_cache.clear();
-                    }
-                    let plan = rules.plan_for(name).map(Arc::new);
-                    self.plan_cache.insert(name.into(), plan.clone());
-                    plan
-                }
-            };
+            let plan = self
+                .plan_cache
+                .get_or_insert_with(name, || rules.plan_for(name).map(Arc::new));
             if plan.is_some() {
                 return plan.map(Resolved::Plan);
             }
@@ -318,10 +310,7 @@ impl Mapper {
             trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
             copies: Vec::new(),
         });
-        if self.total_fix_plans.len() >= PLAN_CACHE_LIMIT {
-            self.total_fix_plans.clear();
-        }
-        self.total_fix_plans.insert(name.into(), plan.clone());
+        self.total_fix_plans.insert(name, plan.clone());
         Some(Resolved::Plan(plan))
     }
 

@@ -38,7 +38,8 @@ pub(super) fn metadata_outputs(
         .into_iter()
         .map(|name| {
             let help_unit = rescale.and_then(|_| {
-                crate::mapping::meta::unit_of_name(&name).or_else(|| unit.and_then(crate::mapping::meta::unit_named))
+                crate::mapping::meta::unit_of_name(&name)
+                    .or_else(|| unit.and_then(crate::mapping::meta::unit_named))
             });
             // A rescaled family's old unit is wrong: the rule's, else the name's, else none.
             let unit = match (unit, rescale) {

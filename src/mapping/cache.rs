@@ -1,0 +1,75 @@
+//! The mapper's per-worker caches of things computed once per metric name (plans for
+//! names that prefix or regex rules match, metadata plans, `le` styles, `_total` fix
+//! plans). Bounded: a sender with unbounded name churn makes a cache start over, never
+//! grow without limit; a warm cache costs one hash lookup and no allocation.
+
+use ahash::AHashMap;
+
+/// Names a cache holds at most before it starts over.
+pub const NAME_CACHE_LIMIT: usize = 100_000;
+
+pub struct NameCache<V> {
+    map: AHashMap<Box<str>, V>,
+    limit: usize,
+}
+
+impl<V> Default for NameCache<V> {
+    fn default() -> Self {
+        NameCache {
+            map: AHashMap::new(),
+            limit: NAME_CACHE_LIMIT,
+        }
+    }
+}
+
+impl<V: Clone> NameCache<V> {
+    pub fn get(&self, name: &str) -> Option<&V> {
+        self.map.get(name)
+    }
+
+    /// The cached value for `name`, computed by `make` (and cached) on first sight.
+    pub fn get_or_insert_with(&mut self, name: &str, make: impl FnOnce() -> V) -> V {
+        if let Some(v) = self.map.get(name) {
+            return v.clone();
+        }
+        let v = make();
+        self.insert(name, v.clone());
+        v
+    }
+
+    /// Caches `value` for `name`; a full cache starts over first.
+    pub fn insert(&mut self, name: &str, value: V) {
+        if self.map.len() >= self.limit {
+            self.map.clear();
+        }
+        self.map.insert(name.into(), value);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_over_at_its_limit() {
+        let mut c: NameCache<u32> = NameCache {
+            map: AHashMap::new(),
+            limit: 3,
+        };
+        for (i, n) in ["a", "b", "c"].iter().enumerate() {
+            assert_eq!(c.get_or_insert_with(n, || i as u32), i as u32);
+        }
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.get_or_insert_with("a", || 99), 0, "cached");
+        assert_eq!(c.get_or_insert_with("d", || 7), 7);
+        assert_eq!(c.len(), 1, "started over instead of growing");
+    }
+}
