@@ -14,15 +14,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use promnorm::wire::proto::prometheus as pb;
 
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One HTTP/1.1 POST on a fresh connection; returns the status and the body text.
 fn raw_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");

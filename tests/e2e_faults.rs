@@ -10,8 +10,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,27 +19,6 @@ use axum::body::Bytes;
 use common::*;
 
 const SERIES: usize = 50;
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn prometheus_bin() -> Option<PathBuf> {
-    let p = std::env::var_os("PROMETHEUS_BIN").map(PathBuf::from)?;
-    p.exists().then_some(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Received samples: series label `i` → timestamps.
 type Received = Arc<Mutex<BTreeMap<String, BTreeSet<i64>>>>;

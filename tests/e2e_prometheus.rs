@@ -14,34 +14,13 @@ mod common;
 use promnorm::app::Assemble;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use promnorm::config::Config;
 use promnorm::pipeline::{Pipeline, PipelineLimits};
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn prometheus_bin() -> Option<PathBuf> {
-    let p = std::env::var_os("PROMETHEUS_BIN").map(PathBuf::from)?;
-    p.exists().then_some(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 type SeriesKey = (String, Vec<(String, String)>);
 

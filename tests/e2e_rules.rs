@@ -19,8 +19,8 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -35,27 +35,6 @@ const WINDOW: &str = "10s";
 /// later than their timestamp, and `rate()` extrapolates a window whose newest sample is
 /// more than 1.1 scrape intervals old by half an interval only (docs/derived.md).
 const OFFSET: &str = "3s";
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn prometheus_bin() -> Option<PathBuf> {
-    let p = std::env::var_os("PROMETHEUS_BIN").map(PathBuf::from)?;
-    p.exists().then_some(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A vLLM engine: per-second rates of its counters.
 struct Vllm {

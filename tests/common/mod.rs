@@ -229,3 +229,28 @@ pub async fn get(url: &str) -> HttpReply {
         body: String::from_utf8_lossy(&body).into_owned(),
     }
 }
+
+/// A child process killed (and reaped) when dropped: test servers never outlive a test.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Debian's Prometheus for the end-to-end tests (`PROMETHEUS_BIN`, set by scripts/test.sh).
+pub fn prometheus_bin() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("PROMETHEUS_BIN").map(std::path::PathBuf::from)?;
+    p.exists().then_some(p)
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
