@@ -295,7 +295,7 @@ pub fn app_state_with(
     let ingest_token = cfg
         .ingest_auth
         .as_ref()
-        .map(|a| a.bearer_token.read())
+        .map(|a| a.bearer_token.read().map(|t| t.trim().to_string()))
         .transpose()?;
     let pipeline = cfg.pipeline_with(rules)?;
     Ok(crate::server::AppState::new(

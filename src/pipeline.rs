@@ -39,14 +39,19 @@ pub struct Workspace {
     derive_scratch: DeriveScratch,
 }
 
-/// A pooled workspace whose buffers hold more than this is freed rather than pooled.
+/// A pooled workspace whose largest buffer holds more than this is freed rather than
+/// pooled.
 /// Prometheus' default batches (2,000 samples) need well under 1 MiB.
 pub const WORKSPACE_RETAIN_BYTES: usize = 16 << 20;
 
 impl Workspace {
-    /// Bytes held by the workspace's byte buffers (its other vectors grow with them).
+    /// Bytes held by the workspace's largest byte buffer (the others and its vectors
+    /// grow with it).
     pub fn retained_bytes(&self) -> usize {
-        self.raw.capacity() + self.encoded.capacity() + self.compressed.capacity()
+        self.raw
+            .capacity()
+            .max(self.encoded.capacity())
+            .max(self.compressed.capacity())
     }
 
     /// The snappy-compressed output of the last [`Pipeline::process`].

@@ -47,7 +47,7 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Listen address: `host:port`, `:port` (every interface) or `localhost:port`.
+    /// Listen address: `host:port`, `:port` (every IPv4 interface) or `localhost:port`.
     pub listen: String,
     /// Paths that accept remote-write `POST`s.
     pub write_paths: Vec<String>,
@@ -320,12 +320,29 @@ pub struct BackendUrl {
 pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, ConfigError> {
     let (without_userinfo, userinfo) = split_userinfo(raw);
     let shown = redact_url(raw);
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        // Unencoded, these would move the credentials into the host or the path, and
+        // the password into logs.
+        return Err(ConfigError::Invalid(format!(
+            "backend url {shown:?}: credentials in a URL must percent-encode '/', '?' and '#' (%2F, %3F, %23), or use basic_auth"
+        )));
+    }
     let uri: http::Uri = without_userinfo
         .parse()
         .map_err(|e| ConfigError::Invalid(format!("backend url {shown:?}: {e}")))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         return Err(ConfigError::Invalid(format!(
             "backend url {shown:?} must be http:// or https:// with a host"
+        )));
+    }
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let after_host = authority.rfind(']').unwrap_or(0);
+    let port = authority[after_host..]
+        .rfind(':')
+        .map(|c| &authority[after_host + c + 1..]);
+    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+        return Err(ConfigError::Invalid(format!(
+            "backend url {shown:?}: the port is not a number from 1 to 65535"
         )));
     }
     let userinfo = userinfo.map(|u| {
@@ -335,26 +352,39 @@ pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, ConfigError> {
     Ok(BackendUrl { uri, userinfo })
 }
 
-/// `raw` with any password written in it replaced by `<secret>`, for logs and errors.
+/// `raw` with any credentials written in it replaced by `<secret>`, for logs and errors:
+/// `scheme://user:<secret>@host/…`, or `scheme://<secret>@host/…` when the user part
+/// alone (a token) or anything ambiguous is written there.
 pub fn redact_url(raw: &str) -> String {
     match split_userinfo(raw) {
         (_, None) => raw.to_string(),
         (rest, Some(u)) => {
-            let user = u.split_once(':').map_or(u, |(user, _)| user);
             let (scheme, after) = rest.split_once("://").unwrap_or(("", rest.as_str()));
-            format!("{scheme}://{user}:<secret>@{after}")
+            let shown_user = match u.split_once(':') {
+                Some((user, _)) if !user.is_empty() && !user.contains(['/', '?', '#']) => {
+                    format!("{user}:<secret>")
+                }
+                _ => "<secret>".to_string(),
+            };
+            if scheme.is_empty() {
+                format!("{shown_user}@{after}")
+            } else {
+                format!("{scheme}://{shown_user}@{after}")
+            }
         }
     }
 }
 
-/// Splits `scheme://user:pass@host/...` into the URL without `user:pass@` and it.
+/// Splits `scheme://user:pass@host/...` into the URL without `user:pass@` and it. The
+/// last `@` ends the credentials, wherever it stands: a password may hold `@`, and an
+/// unencoded `/`, `?` or `#` in it must not hide it (such URLs are then refused).
 fn split_userinfo(raw: &str) -> (String, Option<&str>) {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return (raw.to_string(), None);
+    let (prefix, rest) = match raw.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), raw),
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => (format!("{scheme}://{}", &rest[at + 1..]), Some(&rest[..at])),
+    match rest.rfind('@') {
+        Some(at) => (format!("{prefix}{}", &rest[at + 1..]), Some(&rest[..at])),
         None => (raw.to_string(), None),
     }
 }
@@ -529,7 +559,7 @@ fn default_timeout() -> Duration {
 }
 
 /// Parses a listen address as Prometheus and vmagent take it: `host:port`, `:port`
-/// (every interface), `[::]:port`, or a name such as `localhost:port`.
+/// (every IPv4 interface), `[::]:port`, or a name such as `localhost:port`.
 pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
     let t = text.trim();
     let full = if t.starts_with(':') {
@@ -578,7 +608,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         total += secs;
         rest = after;
     }
-    Ok(Duration::from_secs_f64(total))
+    Duration::try_from_secs_f64(total).map_err(|_| format!("duration {t:?} is out of range"))
 }
 
 /// Writes a duration as `parse_duration` reads it (`30s`, `5m`, `1h`, `250ms`).
@@ -795,6 +825,19 @@ impl Config {
                 format!("listen {:?}: {e}", self.listen),
             )
         })?;
+        for (key, d) in [
+            ("header_read_timeout", self.server.header_read_timeout),
+            ("body_read_timeout", self.server.body_read_timeout),
+            ("idle_timeout", self.server.idle_timeout),
+            ("flush_interval", self.derived.flush_interval),
+        ]
+        .into_iter()
+        .chain(self.backends.iter().map(|b| ("timeout", b.timeout)))
+        {
+            if d.is_zero() {
+                return Err(self.invalid_at(key, "0", format!("{key} must be positive")));
+            }
+        }
         if self.backends.is_empty() {
             return Err(self.invalid_at(
                 "backends",
@@ -866,6 +909,35 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.starts_with("x.yaml:2:"), "{msg}");
         assert!(msg.contains("bogus"), "{msg}");
+    }
+
+    #[test]
+    fn credentials_in_urls_never_show() {
+        for (raw, shown) in [
+            ("http://u:p%40ss@h/api", "http://u:<secret>@h/api"),
+            ("http://u:p@ss@h/api", "http://u:<secret>@h/api"),
+            ("http://u:s3cr/et@h/api", "http://u:<secret>@h/api"),
+            ("http://TOKEN@h/api", "http://<secret>@h/api"),
+            ("u:pass@h:9090/api", "u:<secret>@h:9090/api"),
+            ("http://h/api", "http://h/api"),
+        ] {
+            assert_eq!(redact_url(raw), shown, "{raw}");
+        }
+        let err = parse_backend_url("http://u:s3cr/et@h/api")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("percent-encode") && !err.contains("s3cr"),
+            "{err}"
+        );
+        let err = parse_backend_url("u:pass@h:9090/api")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("pass"), "{err}");
+        assert!(parse_backend_url("http://h:99999/api").is_err());
+        let ok = parse_backend_url("http://u:p%2Fw@h/api").unwrap();
+        assert_eq!(ok.userinfo, Some(("u".into(), "p/w".into())));
+        assert_eq!(ok.uri.host(), Some("h"));
     }
 
     #[test]

@@ -230,8 +230,12 @@ impl Deriver {
             } else {
                 0.0
             };
-            if self.series_count.load(Ordering::Relaxed) >= self.max_series {
-                self.evict_one(shard);
+            if self.series_count.load(Ordering::Relaxed) >= self.max_series
+                && !self.evict_one(shard)
+            {
+                // Nothing of this shard to evict: refuse rather than exceed the limit.
+                self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+                return;
             }
             let labels: Arc<[u8]> = Arc::from(key);
             shard.clock.push_back(labels.clone());
@@ -368,7 +372,7 @@ impl Deriver {
     /// Evicts one series of the shard, approximately the least recently seen one
     /// (CLOCK): the hand gives up to [`EVICTION_SECOND_CHANCES`] series seen since it
     /// last passed another round, then evicts.
-    fn evict_one(&self, shard: &mut Shard) {
+    fn evict_one(&self, shard: &mut Shard) -> bool {
         let mut chances = EVICTION_SECOND_CHANCES;
         while let Some(key) = shard.clock.pop_front() {
             let live = shard
@@ -387,8 +391,9 @@ impl Deriver {
             shard.series.remove(&*key);
             self.series_count.fetch_sub(1, Ordering::Relaxed);
             self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
-            return;
+            return true;
         }
+        false
     }
 
     /// Moves every queued derived sample into `out` (per series in timestamp order).

@@ -12,7 +12,7 @@ use http::HeaderMap;
 use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
-use crate::forward::{Encoded, Forwarder, Outcome, RetryPolicy, Sink, deliver_with_retries};
+use crate::forward::{Encoded, Forwarder, Outcome, RetryPolicy, Sink};
 use crate::telemetry;
 
 /// Samples per derived request, at most.
@@ -99,40 +99,45 @@ impl Writer {
                     continue;
                 }
             };
-            for sink in self.forwarder.sinks() {
-                self.deliver(sink, body.clone(), chunk.len()).await;
+            // Every backend at once: one slow or refusing backend does not hold up the
+            // others (each still gets this chunk's requests in order).
+            let policy = RetryPolicy {
+                first_backoff: self.backoff_base,
+                ..RetryPolicy::default()
+            };
+            let outcomes = self
+                .forwarder
+                .deliver_to_all(&Encoded::v1(body), &HeaderMap::new(), policy)
+                .await;
+            for (sink, outcome) in self.forwarder.sinks().zip(outcomes) {
+                account(sink, outcome, chunk.len());
             }
         }
         self.batch = batch;
         taken
     }
+}
 
-    async fn deliver(&self, sink: &dyn Sink, body: Bytes, samples: usize) {
-        let policy = RetryPolicy {
-            first_backoff: self.backoff_base,
-            ..RetryPolicy::default()
-        };
-        let outcome =
-            deliver_with_retries(sink, &Encoded::v1(body), &HeaderMap::new(), policy).await;
-        if matches!(outcome, Outcome::Delivered) {
-            telemetry::samples_forwarded(sink.name(), samples as u64);
-        } else if outcome.is_retryable() {
-            tracing::warn!(
-                backend = sink.name(),
-                ?outcome,
-                samples,
-                "derived samples undeliverable after retries"
-            );
-            count_dropped("derived_undeliverable", samples);
-        } else {
-            tracing::warn!(
-                backend = sink.name(),
-                ?outcome,
-                samples,
-                "backend rejected derived samples"
-            );
-            count_dropped("derived_rejected", samples);
-        }
+/// Counts what one backend did with one chunk of derived samples.
+fn account(sink: &dyn Sink, outcome: Outcome, samples: usize) {
+    if matches!(outcome, Outcome::Delivered) {
+        telemetry::samples_forwarded(sink.name(), samples as u64);
+    } else if outcome.is_retryable() {
+        tracing::warn!(
+            backend = sink.name(),
+            ?outcome,
+            samples,
+            "derived samples undeliverable after retries"
+        );
+        count_dropped("derived_undeliverable", samples);
+    } else {
+        tracing::warn!(
+            backend = sink.name(),
+            ?outcome,
+            samples,
+            "backend rejected derived samples"
+        );
+        count_dropped("derived_rejected", samples);
     }
 }
 

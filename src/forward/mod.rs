@@ -167,6 +167,20 @@ impl Forwarder {
         self.sinks.is_empty()
     }
 
+    /// Delivers `body` to every sink concurrently, each with its own retries
+    /// ([`deliver_with_retries`]); returns each final outcome in sink order.
+    pub async fn deliver_to_all(
+        &self,
+        body: &Encoded,
+        incoming: &HeaderMap,
+        policy: RetryPolicy,
+    ) -> Vec<Outcome> {
+        let futs = self.sinks.iter().map(|s| -> SendFuture<'_> {
+            Box::pin(deliver_with_retries(s.as_ref(), body, incoming, policy))
+        });
+        join_all(futs).await
+    }
+
     /// Sends to all sinks concurrently; returns each outcome in sink order.
     pub async fn send_all(&self, body: Encoded, incoming: &HeaderMap) -> Vec<Outcome> {
         let futs = self.sinks.iter().map(|s| s.send(body.clone(), incoming));

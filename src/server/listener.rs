@@ -198,20 +198,26 @@ struct IdleTimeoutIo {
 
 impl IdleTimeoutIo {
     fn new(inner: TcpStream, limits: &ConnectionLimits, in_flight: Arc<AtomicUsize>) -> Self {
-        // A new connection must send its first request's headers in time too.
+        // A new connection must send its first request's headers in time too: from the
+        // connection, not from its first byte.
+        let reading_head = limits.header_read_timeout <= limits.idle_timeout;
         let first = limits.header_read_timeout.min(limits.idle_timeout);
         IdleTimeoutIo {
             inner,
             idle: limits.idle_timeout,
             header: limits.header_read_timeout,
             deadline: Box::pin(tokio::time::sleep(first)),
-            reading_head: false,
+            reading_head,
             in_flight,
         }
     }
 
     fn reset(&mut self, after: Duration) {
-        let next = Instant::now() + after;
+        // A deadline too far to represent is no deadline.
+        let now = Instant::now();
+        let next = now
+            .checked_add(after)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
         self.deadline.as_mut().reset(next);
     }
 
