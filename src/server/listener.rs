@@ -257,9 +257,12 @@ impl AsyncRead for IdleTimeoutIo {
             }
             Poll::Pending => {
                 if this.in_flight.load(Ordering::Relaxed) > 0 {
-                    // A request is being answered: the idle clock starts after it.
+                    // A request is being answered: the idle clock starts after it. The
+                    // deadline is still polled, so that a waker is registered and the
+                    // clock runs once the request ends, even if hyper does not read again.
                     this.reading_head = false;
                     this.reset(this.idle);
+                    let _ = this.deadline.as_mut().poll(cx);
                     return Poll::Pending;
                 }
                 if this.deadline.as_mut().poll(cx).is_ready() {
