@@ -188,4 +188,11 @@ fn every_mapping_file_is_a_built_in_pack() {
         .map(|(n, _)| n.to_string())
         .collect();
     assert_eq!(on_disk, built_in);
+    // A pack is named by its file: the declared name must agree.
+    for (name, text) in promnorm::config::BUILTIN_PACKS {
+        assert!(
+            text.lines().any(|l| l.trim_end() == format!("pack: {name}")),
+            "mappings/{name}.yaml does not declare `pack: {name}`"
+        );
+    }
 }

@@ -11,18 +11,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
 
-/// The built-in packs, embedded at build time from `mappings/`.
-pub const BUILTIN_PACKS: &[(&str, &str)] = &[
-    ("vllm", include_str!("../../mappings/vllm.yaml")),
-    ("sglang", include_str!("../../mappings/sglang.yaml")),
-    ("lmcache", include_str!("../../mappings/lmcache.yaml")),
-    ("mooncake", include_str!("../../mappings/mooncake.yaml")),
-    ("dcgm", include_str!("../../mappings/dcgm.yaml")),
-    ("rdma", include_str!("../../mappings/rdma.yaml")),
-    ("dynamo", include_str!("../../mappings/dynamo.yaml")),
-    // Off unless named (`default: off`); after the engine packs, whose migrations it sees.
-    ("genai", include_str!("../../mappings/genai.yaml")),
-];
+// The built-in packs (`BUILTIN_PACKS`), embedded at build time from `mappings/` by build.rs.
+include!(concat!(env!("OUT_DIR"), "/builtin_packs.rs"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
