@@ -191,7 +191,8 @@ fn every_mapping_file_is_a_built_in_pack() {
     // A pack is named by its file: the declared name must agree.
     for (name, text) in promnorm::config::BUILTIN_PACKS {
         assert!(
-            text.lines().any(|l| l.trim_end() == format!("pack: {name}")),
+            text.lines()
+                .any(|l| l.trim_end() == format!("pack: {name}")),
             "mappings/{name}.yaml does not declare `pack: {name}`"
         );
     }
