@@ -51,13 +51,22 @@ impl Assemble for Config {
             return Ok(None);
         }
         if d.max_series == 0 || d.max_pending_samples == 0 {
-            return Err(BuildError::from(ConfigError::Invalid(
-                "derived: max_series and max_pending_samples must be positive".into(),
+            let key = if d.max_series == 0 {
+                "max_series"
+            } else {
+                "max_pending_samples"
+            };
+            return Err(BuildError::from(self.invalid_at(
+                key,
+                "0",
+                "derived: max_series and max_pending_samples must be positive",
             )));
         }
         if d.window.is_some_and(|w| w.is_zero()) {
-            return Err(BuildError::from(ConfigError::Invalid(
-                "derived: window must be positive".into(),
+            return Err(BuildError::from(self.invalid_at(
+                "window",
+                "0",
+                "derived: window must be positive",
             )));
         }
         let mut peaks = Vec::new();
@@ -65,14 +74,12 @@ impl Assemble for Config {
             let gpu = match &p.gpu {
                 None => None,
                 Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
-                    self.invalid_at(
-                        "gpu",
-                        model,
-                        format!(
-                            "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
-                            crate::derive::gpus::known_names().join(", ")
-                        ),
-                    )
+                    ConfigError::UnknownGpu {
+                        at: self.position("gpu", model),
+                        index: i,
+                        model: model.clone(),
+                        known: crate::derive::gpus::known_names().join(", "),
+                    }
                 })?),
             };
             let flops = p.flops.or(gpu.map(|g| g.flops));
@@ -81,15 +88,19 @@ impl Assemble for Config {
                 if let Some(v) = v
                     && !(v.is_finite() && v > 0.0)
                 {
-                    return Err(BuildError::from(ConfigError::Invalid(format!(
-                        "derived.peaks[{i}]: {what} must be a positive number, not {v}"
-                    ))));
+                    return Err(BuildError::from(self.invalid_at(
+                        what,
+                        &v.to_string(),
+                        format!("derived.peaks[{i}]: {what} must be a positive number, not {v}"),
+                    )));
                 }
             }
             if flops.is_none() && bandwidth.is_none() {
-                return Err(BuildError::from(ConfigError::Invalid(format!(
-                    "derived.peaks[{i}]: needs gpu, flops or bandwidth"
-                ))));
+                return Err(BuildError::from(self.invalid_at(
+                    "peaks",
+                    "",
+                    format!("derived.peaks[{i}]: needs gpu, flops or bandwidth"),
+                )));
             }
             peaks.push(crate::derive::Peak {
                 matchers: p
@@ -157,14 +168,11 @@ impl Assemble for Config {
         if let BuiltinPacks::Select(m) = &self.packs.builtin {
             for name in m.keys() {
                 if !known.contains(&name.as_str()) {
-                    return Err(BuildError::Config(self.invalid_at(
-                        "builtin",
-                        name,
-                        format!(
-                            "unknown built-in pack {name:?} (known: {})",
-                            known.join(", ")
-                        ),
-                    )));
+                    return Err(BuildError::Config(ConfigError::UnknownPack {
+                        at: self.position("builtin", name),
+                        name: name.clone(),
+                        known: known.join(", "),
+                    }));
                 }
             }
         }
@@ -193,10 +201,9 @@ impl Assemble for Config {
         let mut seen = std::collections::BTreeSet::new();
         for p in &packs {
             if !seen.insert(p.pack.clone()) {
-                return Err(BuildError::from(ConfigError::Invalid(format!(
-                    "two packs are named {:?}",
-                    p.pack
-                ))));
+                return Err(BuildError::from(ConfigError::DuplicatePack {
+                    name: p.pack.clone(),
+                }));
             }
         }
         let with_opts = packs
@@ -235,13 +242,21 @@ pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
 /// The backend options `forward` needs, resolved from configuration (secrets read).
 pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptions, BuildError> {
     let name = cfg.name_or_default(index);
-    let url = crate::config::parse_backend_url(&cfg.url)?;
+    let url = crate::config::parse_backend_url(&cfg.url).map_err(|source| ConfigError::Url {
+        at: String::new(),
+        source,
+    })?;
+    let secret_error = |source| ConfigError::Secret {
+        at: String::new(),
+        owner: format!("backend {name}"),
+        source,
+    };
     // Credentials written in the URL become basic auth: the URL itself is then safe to
     // log, and hyper never sees them.
     let basic = match (&cfg.basic_auth, url.userinfo) {
         (Some(b), _) => Some(BasicCredentials {
             username: b.username.clone(),
-            password: b.password.read()?,
+            password: b.password.read().map_err(secret_error)?,
         }),
         (None, Some((username, password))) => Some(BasicCredentials { username, password }),
         (None, None) => None,
@@ -250,7 +265,8 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
         .bearer_token
         .as_ref()
         .map(|t| t.read().map(|t| t.trim().to_string()))
-        .transpose()?;
+        .transpose()
+        .map_err(secret_error)?;
     Ok(BackendOptions {
         name,
         url: url.uri,
@@ -296,7 +312,12 @@ pub fn app_state_with(
         .ingest_auth
         .as_ref()
         .map(|a| a.bearer_token.read().map(|t| t.trim().to_string()))
-        .transpose()?;
+        .transpose()
+        .map_err(|source| ConfigError::Secret {
+            at: String::new(),
+            owner: "ingest_auth".into(),
+            source,
+        })?;
     let pipeline = cfg.pipeline_with(rules)?;
     Ok(crate::server::AppState::new(
         pipeline,

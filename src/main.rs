@@ -243,7 +243,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             files,
         } => {
             let cfg = load(config.as_ref())?;
-            let interval = parse_duration(&interval).map_err(anyhow::Error::msg)?;
+            let interval = parse_duration(&interval)?;
             let pipeline = cfg.pipeline()?;
             let mut inputs = Vec::new();
             if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") && files.len() == 1 {
