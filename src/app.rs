@@ -3,8 +3,6 @@
 //! validation; the stages never see configuration types. This is the only module that
 //! knows both.
 
-use std::sync::Arc;
-
 use crate::config::{BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, yaml};
 use crate::forward::{
     BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
@@ -308,6 +306,16 @@ pub fn app_state_with(
     rules: Rules,
     forwarder: crate::forward::Forwarder,
 ) -> Result<crate::server::AppState, BuildError> {
+    let pipeline = cfg.pipeline_with(rules)?;
+    Ok(crate::server::AppState::new(
+        pipeline,
+        forwarder,
+        server_options(cfg)?,
+    ))
+}
+
+/// The server's own settings of a configuration (the ingest token read).
+pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
     let ingest_token = cfg
         .ingest_auth
         .as_ref()
@@ -318,44 +326,50 @@ pub fn app_state_with(
             owner: "ingest_auth".into(),
             source,
         })?;
-    let pipeline = cfg.pipeline_with(rules)?;
-    Ok(crate::server::AppState::new(
-        pipeline,
-        forwarder,
-        crate::server::ServerOptions {
-            derived_flush: cfg.derived.flush_interval,
-            max_body_bytes: cfg.limits.max_body_bytes,
-            ingest_token,
-            connection_limits: crate::server::listener::ConnectionLimits {
-                header_read_timeout: cfg.server.header_read_timeout,
-                idle_timeout: cfg.server.idle_timeout,
-                max_connections: cfg.server.max_connections,
-            },
-            body_read_timeout: cfg.server.body_read_timeout,
+    Ok(crate::server::ServerOptions {
+        derived_flush: cfg.derived.flush_interval,
+        max_body_bytes: cfg.limits.max_body_bytes,
+        ingest_token,
+        connection_limits: crate::server::listener::ConnectionLimits {
+            header_read_timeout: cfg.server.header_read_timeout,
+            idle_timeout: cfg.server.idle_timeout,
+            max_connections: cfg.server.max_connections,
         },
-    ))
+        body_read_timeout: cfg.server.body_read_timeout,
+    })
 }
 
 /// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
-pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let mut state = app_state(&cfg)?;
+/// `SIGHUP` (and `POST /-/reload` when `lifecycle` is on) reloads the configuration from
+/// `source` ([`crate::reload`]).
+pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Result<()> {
+    // SIGHUP's default action ends the process: take it over before anything else.
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;
+    let cfg = source.load()?;
     let addr = crate::config::parse_listen(&cfg.listen)
         .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
+    let fit = crate::server::listener::connections_allowed_by_fd_limit()
+        .filter(|fit| *fit < cfg.server.max_connections);
+    let reloader = crate::reload::Reloader::start(cfg.clone(), source, lifecycle, |state| {
+        if let Some(fit) = fit {
+            tracing::warn!(
+                configured = cfg.server.max_connections,
+                allowed = fit,
+                "server.max_connections lowered to stay below the open-file limit"
+            );
+            state.connection_limits.max_connections = fit;
+        }
+    })?;
     for w in cfg.warnings() {
         tracing::warn!("{w}");
     }
     let listener = crate::server::listener::bind(addr, cfg.server.listen_backlog)
         .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
-    if let Some(fit) = crate::server::listener::connections_allowed_by_fd_limit()
-        && fit < cfg.server.max_connections
-    {
-        tracing::warn!(
-            configured = cfg.server.max_connections,
-            allowed = fit,
-            "server.max_connections lowered to stay below the open-file limit"
-        );
-        state.connection_limits.max_connections = fit;
-    }
+    crate::telemetry::config_loaded(true);
+    let live = reloader.live();
+    let state = live.current();
     tracing::info!(
         listen = %addr,
         backends = ?cfg
@@ -365,22 +379,23 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
             .collect::<Vec<_>>(),
         packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        lifecycle,
         "promnorm serving"
     );
-    let state = Arc::new(state);
-    let background = state.spawn_background();
-    let app = crate::server::router(state.clone(), &cfg.write_paths);
+    #[cfg(unix)]
+    let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
+    let app = crate::server::router_live(live, &cfg.write_paths);
     crate::server::run(
         listener,
-        state.clone(),
+        state,
         app,
         crate::server::shutdown_signal(),
         cfg.shutdown_timeout,
     )
     .await?;
-    state
-        .stop_background(background, cfg.shutdown_timeout)
-        .await;
+    #[cfg(unix)]
+    hangup_task.abort();
+    reloader.stop(cfg.shutdown_timeout).await;
     tracing::info!("stopped");
     Ok(())
 }
