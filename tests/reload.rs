@@ -168,8 +168,11 @@ fn backend_yaml(url: &str, header: &str) -> String {
 
 const PACK: &str = "pack: mine\nrules:\n  - match: {family: reload_old}\n    rename: reload_new\n";
 
-/// Every (name, labels, timestamp, value) the backend received.
-fn received(rec: &Recorded) -> Vec<(String, Vec<(String, String)>, i64, f64)> {
+/// A sample as the backend received it: name, labels but the name, timestamp, value.
+type Received = (String, Vec<(String, String)>, i64, f64);
+
+/// Every sample the backend received.
+fn received(rec: &Recorded) -> Vec<Received> {
     let mut out = Vec::new();
     for (_, body) in rec.requests() {
         for ts in decode(&body).timeseries {
@@ -450,7 +453,7 @@ fn ratios(rec: &Recorded) -> Vec<(i64, f64, String)> {
             }
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.sort_by_key(|r| r.0);
     out
 }
 
