@@ -273,6 +273,7 @@ impl Reloader {
     /// `promnorm_config_last_reload_*` gauges and logs either way.
     pub async fn reload(&self) -> Result<(), String> {
         let mut running = self.running.lock().await;
+        // Gauges first, then the log line: whoever reads the line sees the gauges.
         match self.replace(&mut running).await {
             Ok(kept) => {
                 telemetry::config_loaded(true);

@@ -121,20 +121,23 @@ impl Served {
         )
     }
 
-    /// SIGHUP, then waits until the reload it caused has finished: its success moved the
-    /// timestamp past `before`, or its failure turned the gauge to 0.
+    /// Reloads that have finished, as logged (the gauges are set before the line).
+    fn reloads_logged(&self) -> usize {
+        let logs = self.logs();
+        logs.matches("configuration reloaded").count()
+            + logs.matches("configuration reload failed").count()
+    }
+
+    /// SIGHUP, then waits until the reload it caused has finished and returns the
+    /// gauges it left.
     async fn sighup_and_wait(&self) -> (f64, f64) {
-        let before = self.reload_status().await;
-        // The timestamp has sub-second precision, but two reloads within one clock tick
-        // must still be told apart.
+        let before = self.reloads_logged();
+        // The success timestamp has sub-second precision, but two reloads within one
+        // clock tick must still be told apart.
         tokio::time::sleep(Duration::from_millis(5)).await;
         self.sighup();
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let now = self.reload_status().await;
-            if now.1 > before.1 || now.0 == 0.0 {
-                return now;
-            }
+        while self.reloads_logged() == before {
             assert!(
                 Instant::now() < deadline,
                 "no reload after SIGHUP: {}",
@@ -142,6 +145,7 @@ impl Served {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        self.reload_status().await
     }
 }
 
@@ -337,10 +341,26 @@ async fn reload_under_load_fails_and_loses_no_request_and_switches_rules() {
     assert_eq!(probes.len(), expected.len(), "samples lost or duplicated");
     assert_eq!(probes, expected);
 
-    // The last reload turned the pack off; switch it on once more: renamed from now on.
+    // The last reload turned the pack off; switch it on once more, with four reloads at
+    // once (they run one after the other) and a SIGHUP among them: renamed from now on.
     s.write_config(&with_pack);
-    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
-    assert_eq!(r.status, 200, "{}", r.body);
+    let reload_url = s.url("/-/reload");
+    let concurrent: Vec<_> = (0..4)
+        .map(|_| {
+            let url = reload_url.clone();
+            tokio::spawn(async move { common::post(&url, vec![], &[]).await })
+        })
+        .collect();
+    s.sighup();
+    for r in concurrent {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.reloads_logged() < 12 {
+        assert!(Instant::now() < deadline, "{}", s.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     post_ok(&write, one("reload_old", &[("job", "y")], 2.0, 2)).await;
     let after: Vec<_> = received(&rec)
         .into_iter()
@@ -349,7 +369,8 @@ async fn reload_under_load_fails_and_loses_no_request_and_switches_rules() {
         .collect();
     assert_eq!(after, ["reload_new"]);
     let logs = s.logs();
-    assert_eq!(logs.matches("configuration reloaded").count(), 7, "{logs}");
+    assert_eq!(logs.matches("configuration reloaded").count(), 12, "{logs}");
+    assert!(!logs.contains("configuration reload failed"), "{logs}");
     assert!(logs.contains("SIGHUP received"), "{logs}");
 }
 
