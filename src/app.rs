@@ -5,7 +5,11 @@
 
 use std::sync::Arc;
 
-use crate::config::{BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, yaml};
+use crate::config::{
+    BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, QueueConfig, QueueType,
+    WhenFullConfig, yaml,
+};
+use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
     BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
 };
@@ -290,9 +294,37 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
 pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
-        sinks.push(Box::new(HttpBackend::new(backend_options(b, i)?)?));
+        let http = HttpBackend::new(backend_options(b, i)?)?;
+        match queue_options(&b.queue) {
+            None => sinks.push(Box::new(http)),
+            Some(q) => sinks.push(Box::new(QueuedSink::new(Arc::new(http), q))),
+        }
     }
     Ok(sinks)
+}
+
+/// A backend's queue settings; `None` for `type: none`.
+pub fn queue_options(q: &QueueConfig) -> Option<QueueOptions> {
+    let kind = match q.kind {
+        QueueType::None => return None,
+        QueueType::Memory => QueueKind::Memory,
+        QueueType::Disk => QueueKind::Disk {
+            dir: q.dir.clone()?,
+            fsync_interval: q.fsync_interval,
+        },
+    };
+    Some(QueueOptions {
+        kind,
+        max_bytes: q.max_bytes,
+        max_age: q.max_age,
+        shards: q.shards,
+        when_full: match q.when_full {
+            WhenFullConfig::Reject => WhenFull::Reject,
+            WhenFullConfig::DropOldest => WhenFull::DropOldest,
+        },
+        first_backoff: std::time::Duration::from_millis(250),
+        max_backoff: std::time::Duration::from_secs(30),
+    })
 }
 
 /// The server's state for a configuration, with HTTP backends.
@@ -368,7 +400,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         "promnorm serving"
     );
     let state = Arc::new(state);
-    let background = state.spawn_background();
+    let background = state
+        .spawn_background()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let app = crate::server::router(state.clone(), &cfg.write_paths);
     crate::server::run(
         listener,

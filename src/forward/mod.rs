@@ -5,6 +5,7 @@
 //! request path only sees "deliver this body, tell me the outcome".
 
 pub mod http_backend;
+pub mod queue;
 pub mod tls;
 
 use std::future::Future;
@@ -20,6 +21,8 @@ pub use http_backend::HttpBackend;
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Delivered,
+    /// Stored in the backend's queue (`backends[].queue`), which delivers it later.
+    Queued,
     /// The backend answered a non-2xx status.
     Rejected {
         status: StatusCode,
@@ -72,6 +75,8 @@ impl Protocol {
 pub struct Encoded {
     pub body: Bytes,
     pub protocol: Protocol,
+    /// Samples (float and histogram) in the body, for a queue's drop counts.
+    pub samples: u64,
 }
 
 impl Encoded {
@@ -79,7 +84,13 @@ impl Encoded {
         Encoded {
             body,
             protocol: Protocol::V1,
+            samples: 0,
         }
+    }
+
+    pub fn with_samples(mut self, samples: u64) -> Encoded {
+        self.samples = samples;
+        self
     }
 }
 
@@ -88,6 +99,27 @@ pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
     /// `incoming` are the sender's headers, for configured pass-through.
     fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a>;
+
+    /// The sender's headers this backend copies through (a queue stores them).
+    fn pass_headers(&self) -> &[http::HeaderName] {
+        &[]
+    }
+
+    /// Opens what the sink keeps across requests (a queue's files, its senders); called
+    /// once on the runtime before the server accepts requests.
+    fn start(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Delivers what is pending within `within`, then stops.
+    fn stop<'a>(&'a self, _within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(std::future::ready(()))
+    }
+
+    /// The queue's state, for a queued backend.
+    fn queue_state(&self) -> Option<queue::QueueState> {
+        None
+    }
 }
 
 /// How often and how patiently a failed delivery is retried.
@@ -135,7 +167,7 @@ pub async fn deliver_with_retries(
 }
 
 /// A `Retry-After` given in seconds.
-fn retry_after(outcome: &Outcome) -> Option<Duration> {
+pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
     match outcome {
         Outcome::Rejected {
             retry_after: Some(v),
@@ -229,7 +261,7 @@ pub enum OutcomeClass {
 impl Outcome {
     pub fn class(&self) -> OutcomeClass {
         match self {
-            Outcome::Delivered => OutcomeClass::Delivered,
+            Outcome::Delivered | Outcome::Queued => OutcomeClass::Delivered,
             Outcome::Timeout | Outcome::Unreachable(_) => OutcomeClass::Unavailable,
             Outcome::Rejected { status, .. } => classify_status(*status),
         }
@@ -309,7 +341,7 @@ pub fn verdict<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -
                     status.as_u16()
                 ),
             ),
-            (Outcome::Delivered, _) => continue,
+            (Outcome::Delivered | Outcome::Queued, _) => continue,
         };
         if best.as_ref().is_none_or(|(r, _)| rank > *r) {
             best = Some((

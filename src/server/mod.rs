@@ -39,6 +39,11 @@ pub struct AppState {
     pub body_read_timeout: Duration,
 }
 
+/// What [`AppState::spawn_background`] started.
+pub struct Background {
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
 /// The server's own settings (the rest of the state is built parts).
 pub struct ServerOptions {
     pub derived_flush: Duration,
@@ -75,32 +80,42 @@ impl AppState {
 }
 
 impl AppState {
-    /// Starts the derived-series writer (when derived series are on) on the current
-    /// runtime. Stop it with [`AppState::stop_background`].
-    pub fn spawn_background(&self) -> Option<tokio::task::JoinHandle<()>> {
-        let deriver = self.pipeline.deriver()?.clone();
-        let writer = Writer::new(deriver, self.forwarder.clone());
-        Some(tokio::spawn(
-            writer.run(self.derived_flush, self.derived_stop.clone()),
-        ))
+    /// Opens the backends' queues (replaying disk queues) and starts the derived-series
+    /// writer (when derived series are on) on the current runtime. Stop both with
+    /// [`AppState::stop_background`].
+    pub fn spawn_background(&self) -> Result<Background, String> {
+        for sink in self.forwarder.sinks() {
+            sink.start()?;
+        }
+        let writer = self.pipeline.deriver().map(|deriver| {
+            let writer = Writer::new(deriver.clone(), self.forwarder.clone());
+            tokio::spawn(writer.run(self.derived_flush, self.derived_stop.clone()))
+        });
+        Ok(Background { writer })
     }
 
-    /// Flushes derived samples a last time and waits (bounded) for the writer to end.
-    pub async fn stop_background(
-        &self,
-        handle: Option<tokio::task::JoinHandle<()>>,
-        within: Duration,
-    ) {
-        if let Some(h) = handle {
+    /// Flushes derived samples a last time and waits (bounded) for the writer to end,
+    /// then lets every queue deliver what it holds within `within`.
+    pub async fn stop_background(&self, background: Background, within: Duration) {
+        if let Some(h) = background.writer {
             self.derived_stop.notify_one();
             if tokio::time::timeout(within, h).await.is_err() {
                 tracing::warn!("derived-series writer did not finish its last flush in time");
             }
         }
+        let stops = self.forwarder.sinks().map(|s| s.stop(within));
+        for stop in stops.collect::<Vec<_>>() {
+            stop.await;
+        }
     }
 
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
+        for sink in self.forwarder.sinks() {
+            if let Some(q) = sink.queue_state() {
+                telemetry::queue_state(sink.name(), q.bytes, q.requests, q.oldest_age);
+            }
+        }
         if let Some(d) = self.pipeline.deriver() {
             let c = &d.counters;
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -140,11 +155,20 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 async fn ready(State(st): State<Arc<AppState>>) -> Response {
-    if st.ready.load(Ordering::Relaxed) && !st.forwarder.is_empty() {
-        (StatusCode::OK, "promnorm is ready.\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "promnorm is not ready.\n").into_response()
+    if !st.ready.load(Ordering::Relaxed) || st.forwarder.is_empty() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "promnorm is not ready.\n").into_response();
     }
+    // Every backend queued and every queue refusing for room: a balancer should send
+    // elsewhere until one drains.
+    let mut queues = st.forwarder.sinks().map(|s| s.queue_state());
+    if queues.all(|q| q.is_some_and(|q| q.refusing)) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "promnorm is not ready: every backend queue is full.\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "promnorm is ready.\n").into_response()
 }
 
 fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) -> Response {
@@ -317,7 +341,10 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) 
     if processed.empty {
         return answer(StatusCode::NO_CONTENT, "", None);
     }
-    let outcomes = st.forwarder.send_all(Encoded::v1(out), &headers).await;
+    let outcomes = st
+        .forwarder
+        .send_all(Encoded::v1(out).with_samples(forwarded_samples), &headers)
+        .await;
     for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
         if matches!(o, Outcome::Delivered) {
             telemetry::samples_forwarded(sink.name(), forwarded_samples);

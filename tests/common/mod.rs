@@ -153,7 +153,7 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let background = state.spawn_background();
+    let background = state.spawn_background().expect("queues open");
     let app = router(state.clone(), &cfg.write_paths);
     let done = tokio::spawn(async move {
         let r = run(
