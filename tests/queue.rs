@@ -139,10 +139,11 @@ trait With {
 
 impl With for promnorm::wire::proto::prometheus::TimeSeries {
     fn with(mut self, ts: i64) -> Self {
-        self.samples.push(promnorm::wire::proto::prometheus::Sample {
-            value: ts as f64,
-            timestamp: ts,
-        });
+        self.samples
+            .push(promnorm::wire::proto::prometheus::Sample {
+                value: ts as f64,
+                timestamp: ts,
+            });
         self
     }
 }
@@ -182,13 +183,18 @@ async fn a_dead_backend_holds_up_neither_the_sender_nor_the_healthy_backend() {
         assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
     }
     let sender_time = start.elapsed();
-    assert!(sender_time < Duration::from_secs(3), "sender waited {sender_time:?}");
+    assert!(
+        sender_time < Duration::from_secs(3),
+        "sender waited {sender_time:?}"
+    );
     let got = healthy.wait_for(200, Duration::from_secs(5)).await;
     assert_eq!(got.len(), 200, "the healthy backend is current");
     assert!(dead.samples().is_empty());
     let m = get(&format!("http://{}/metrics", proxy.addr)).await.body;
     assert!(
-        m.lines().any(|l| l.starts_with("promnorm_queue_requests{backend=\"dead\"}") && !l.ends_with(" 0")),
+        m.lines().any(
+            |l| l.starts_with("promnorm_queue_requests{backend=\"dead\"}") && !l.ends_with(" 0")
+        ),
         "{m}"
     );
     // The dead backend comes back and catches up, in order, exactly once.
@@ -216,7 +222,11 @@ async fn sharded_queues_keep_every_series_in_order() {
     assert_in_order_exactly_once(&got);
     // Four shards really sent concurrently: not every request held every series.
     let per_request: Vec<usize> = b.headers.lock().unwrap().iter().map(|_| 1).collect();
-    assert!(per_request.len() > 40, "{} requests for 40 sent", per_request.len());
+    assert!(
+        per_request.len() > 40,
+        "{} requests for 40 sent",
+        per_request.len()
+    );
     proxy.shut_down().await;
 }
 
@@ -237,16 +247,27 @@ async fn a_full_queue_answers_429_and_loses_nothing_once_it_drains() {
         match r.status {
             StatusCode::NO_CONTENT => accepted += 1,
             StatusCode::TOO_MANY_REQUESTS => {
-                assert!(r.headers.contains_key("retry-after"), "429 without Retry-After");
+                assert!(
+                    r.headers.contains_key("retry-after"),
+                    "429 without Retry-After"
+                );
                 assert!(r.body.contains("full"), "{}", r.body);
                 refused.push(body);
             }
             s => panic!("unexpected {s}: {}", r.body),
         }
     }
-    assert!(accepted > 0 && !refused.is_empty(), "{accepted} accepted, {} refused", refused.len());
+    assert!(
+        accepted > 0 && !refused.is_empty(),
+        "{accepted} accepted, {} refused",
+        refused.len()
+    );
     let ready = get(&format!("http://{}/-/ready", proxy.addr)).await;
-    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "every queue is full");
+    assert_eq!(
+        ready.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "every queue is full"
+    );
     // The backend recovers; the sender retries what was refused.
     b.set(204);
     let start = Instant::now();
@@ -255,14 +276,21 @@ async fn a_full_queue_answers_429_and_loses_nothing_once_it_drains() {
         if r.status == StatusCode::NO_CONTENT {
             refused.remove(0);
         } else {
-            assert!(start.elapsed() < Duration::from_secs(20), "still refused: {}", r.body);
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still refused: {}",
+                r.body
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     let got = b.wait_for(40 * 20, Duration::from_secs(20)).await;
     assert_eq!(got.len(), 800, "every sample of the 40 requests, once");
     assert_in_order_exactly_once(&got);
-    assert_eq!(get(&format!("http://{}/-/ready", proxy.addr)).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&format!("http://{}/-/ready", proxy.addr)).await.status,
+        StatusCode::OK
+    );
     proxy.shut_down().await;
 }
 
@@ -309,21 +337,33 @@ async fn drop_oldest_keeps_the_newest_data_and_counts_the_rest() {
     );
     let proxy = start_proxy_yaml(&yaml, Duration::from_secs(10)).await;
     for ts in 1..=40 {
-        let r = post(&proxy.url(), request(&format!("d{ts}"), 20, ts, 4000), RW_HEADERS).await;
+        let r = post(
+            &proxy.url(),
+            request(&format!("d{ts}"), 20, ts, 4000),
+            RW_HEADERS,
+        )
+        .await;
         assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
     }
     b.set(204);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let got = b.samples();
     assert!(!got.is_empty() && got.len() < 800, "{} samples", got.len());
-    assert!(got.iter().any(|(s, _)| s.contains("job=d40")), "the newest request survived");
+    assert!(
+        got.iter().any(|(s, _)| s.contains("job=d40")),
+        "the newest request survived"
+    );
     let m = get(&format!("http://{}/metrics", proxy.addr)).await.body;
     let dropped: u64 = m
         .lines()
         .find(|l| l.contains("backend=\"fresh\"") && l.contains("reason=\"queue_full\""))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{m}"));
-    assert_eq!(dropped as usize + got.len(), 800, "delivered + dropped = sent");
+    assert_eq!(
+        dropped as usize + got.len(),
+        800,
+        "delivered + dropped = sent"
+    );
     proxy.shut_down().await;
 }
 
@@ -332,7 +372,10 @@ async fn a_disk_queue_delivers_after_a_restart_what_it_answered_204_for() {
     let dir = std::env::temp_dir().join(format!("promnorm-queue-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let b = Backend::start(503, Duration::ZERO).await;
-    let queue = format!("{{type: disk, dir: {}, fsync_interval: 0s, shards: 2}}", dir.display());
+    let queue = format!(
+        "{{type: disk, dir: {}, fsync_interval: 0s, shards: 2}}",
+        dir.display()
+    );
     let yaml = format!(
         "listen: 127.0.0.1:0\nbackends:\n{}",
         backend_yaml("durable", &b.url, &queue)

@@ -239,7 +239,8 @@ pub struct QueueConfig {
     /// `disk`: the sender gets 204 once the data is queued, the queue delivers it.
     #[serde(rename = "type")]
     pub kind: QueueType,
-    /// Directory of a `disk` queue (required for `disk`; one per backend).
+    /// Directory of a `disk` queue (required for `disk`; one per backend; relative to
+    /// the configuration file).
     pub dir: Option<PathBuf>,
     /// Bytes the queue may hold; beyond it the sender gets 429 (`when_full: reject`).
     pub max_bytes: u64,
@@ -963,9 +964,10 @@ impl Config {
             source: e,
         })?;
         let mut cfg = Config::parse(&text, &path.display().to_string())?;
-        // Mapping files are relative to the configuration file.
+        // Mapping files and queue directories are relative to the configuration file.
         if let Some(dir) = path.parent() {
-            for f in &mut cfg.packs.files {
+            let queue_dirs = cfg.backends.iter_mut().filter_map(|b| b.queue.dir.as_mut());
+            for f in cfg.packs.files.iter_mut().chain(queue_dirs) {
                 if f.is_relative() {
                     *f = dir.join(&*f);
                 }

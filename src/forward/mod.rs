@@ -150,23 +150,62 @@ pub async fn deliver_with_retries(
     incoming: &HeaderMap,
     policy: RetryPolicy,
 ) -> Outcome {
-    let mut backoff = policy.first_backoff;
+    let mut backoff = Backoff::new(policy.first_backoff, policy.max_backoff);
     let mut attempt = 1;
     loop {
         let outcome = sink.send(body.clone(), incoming).await;
         if !outcome.is_retryable() || attempt >= policy.max_attempts {
             return outcome;
         }
-        let wait = retry_after(&outcome)
-            .unwrap_or(backoff)
-            .min(policy.max_backoff);
-        tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(policy.max_backoff);
+        tokio::time::sleep(backoff.wait(&outcome)).await;
         attempt += 1;
     }
 }
 
-/// A `Retry-After` given in seconds.
+/// The one backoff policy of every retry (the derived writer's and the queues'): the
+/// backend's `Retry-After` when it sent one, else an exponential backoff with jitter (a
+/// uniform wait in [backoff/2, backoff]), capped at `max`.
+pub struct Backoff {
+    first: Duration,
+    next: Duration,
+    max: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, max: Duration) -> Backoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Backoff {
+            first,
+            next: first,
+            max,
+            rng: seed | 1,
+        }
+    }
+
+    /// How long to wait after `outcome`; doubles the backoff for the next time.
+    pub fn wait(&mut self, outcome: &Outcome) -> Duration {
+        let jittered = {
+            // xorshift64: jitter needs no cryptographic randomness.
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let frac = (self.rng % 1000) as f64 / 1000.0;
+            self.next.mul_f64(0.5 + frac / 2.0)
+        };
+        let wait = retry_after(outcome).unwrap_or(jittered).min(self.max);
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// After a success: the next failure waits `first` again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
 pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
     match outcome {
         Outcome::Rejected {

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::sync::Notify;
 
-use super::{Encoded, Outcome, OutcomeClass, Protocol, SendFuture, Sink, retry_after};
+use super::{Backoff, Encoded, Outcome, OutcomeClass, Protocol, SendFuture, Sink};
 use crate::telemetry;
 use record::{Record, now_ms};
 use store::{DiskStore, MemoryStore, Store, StoreError};
@@ -476,8 +476,7 @@ async fn drain_shard(
     opts: QueueOptions,
 ) {
     let shard = &run.shards[index];
-    let mut backoff = opts.first_backoff;
-    let mut rng = Jitter::new(index as u64);
+    let mut backoff = Backoff::new(opts.first_backoff, opts.max_backoff);
     loop {
         let front = {
             let mut st = lock(&shard.state);
@@ -516,7 +515,7 @@ async fn drain_shard(
                     Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms)),
                 );
                 finish(&run, shard, &name, "");
-                backoff = opts.first_backoff;
+                backoff.reset();
             }
             OutcomeClass::DataRejected => {
                 tracing::warn!(backend = %name, ?outcome, samples = rec.samples, "backend rejected queued samples; dropped");
@@ -524,11 +523,7 @@ async fn drain_shard(
             }
             _ => {
                 telemetry::queue_retry(&name);
-                let wait = retry_after(&outcome)
-                    .unwrap_or_else(|| rng.jitter(backoff))
-                    .min(opts.max_backoff);
-                tokio::time::sleep(wait).await;
-                backoff = (backoff * 2).min(opts.max_backoff);
+                tokio::time::sleep(backoff.wait(&outcome)).await;
             }
         }
     }
@@ -561,23 +556,5 @@ async fn sync_periodically(run: Arc<Running>, every: Duration) {
                 tracing::warn!(error = %e, "fsync of the disk queue");
             }
         }
-    }
-}
-
-/// Full jitter for backoff: a uniform wait in [backoff/2, backoff].
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(seed: u64) -> Jitter {
-        let t = now_ms();
-        Jitter((t ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
-    }
-    fn jitter(&mut self, d: Duration) -> Duration {
-        // xorshift64
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let frac = (self.0 % 1000) as f64 / 1000.0;
-        d.mul_f64(0.5 + frac / 2.0)
     }
 }
