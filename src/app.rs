@@ -295,7 +295,7 @@ pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
         let http = HttpBackend::new(backend_options(b, i)?)?;
-        match queue_options(&b.queue) {
+        match queue_options(&b.queue, cfg.server.throttle_status) {
             None => sinks.push(Box::new(http)),
             Some(q) => sinks.push(Box::new(QueuedSink::new(Arc::new(http), q))),
         }
@@ -304,7 +304,7 @@ pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
 }
 
 /// A backend's queue settings; `None` for `type: none`.
-pub fn queue_options(q: &QueueConfig) -> Option<QueueOptions> {
+pub fn queue_options(q: &QueueConfig, throttle_status: u16) -> Option<QueueOptions> {
     let kind = match q.kind {
         QueueType::None => return None,
         QueueType::Memory => QueueKind::Memory,
@@ -322,6 +322,8 @@ pub fn queue_options(q: &QueueConfig) -> Option<QueueOptions> {
             WhenFullConfig::Reject => WhenFull::Reject,
             WhenFullConfig::DropOldest => WhenFull::DropOldest,
         },
+        full_status: http::StatusCode::from_u16(throttle_status)
+            .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         first_backoff: std::time::Duration::from_millis(250),
         max_backoff: std::time::Duration::from_secs(30),
     })

@@ -188,6 +188,11 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Length of the kernel's queue of connections not yet accepted.
     pub listen_backlog: u32,
+    /// The status promnorm answers when it is full (a backend queue out of room or disk)
+    /// and the sender should retry later: `429` (with `Retry-After`) or `503`. Prometheus
+    /// retries a 429 only with `queue_config.retry_on_http_429: true` (default false):
+    /// without it, choose 503.
+    pub throttle_status: u16,
 }
 
 impl Default for ServerConfig {
@@ -198,6 +203,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
             listen_backlog: 4096,
+            throttle_status: 429,
         }
     }
 }
@@ -1008,6 +1014,13 @@ impl Config {
             if d.is_zero() {
                 return Err(self.invalid_at(key, "0", format!("{key} must be positive")));
             }
+        }
+        if ![429, 503].contains(&self.server.throttle_status) {
+            return Err(self.invalid_at(
+                "throttle_status",
+                &self.server.throttle_status.to_string(),
+                "server.throttle_status must be 429 or 503",
+            ));
         }
         if self.backends.is_empty() {
             return Err(self.invalid_at(

@@ -53,6 +53,8 @@ pub struct QueueOptions {
     pub max_age: Option<Duration>,
     pub shards: usize,
     pub when_full: WhenFull,
+    /// The sender's answer when the queue has no room: 429 or 503, with `Retry-After`.
+    pub full_status: StatusCode,
     pub first_backoff: Duration,
     pub max_backoff: Duration,
 }
@@ -248,7 +250,7 @@ impl QueuedSink {
         run.refusing.store(true, Ordering::Relaxed);
         telemetry::queue_refused(&self.name, "full");
         Err(Outcome::Rejected {
-            status: StatusCode::TOO_MANY_REQUESTS,
+            status: self.opts.full_status,
             retry_after: Some(HeaderValue::from_static(FULL_RETRY_AFTER_SECS)),
             reason: format!(
                 "the queue of backend {} is full ({} of max_bytes {} in use)",
@@ -290,7 +292,7 @@ impl QueuedSink {
                 telemetry::queue_refused(&self.name, "disk_full");
                 warn_limited(&self.name, &format!("disk full: {err}"));
                 Outcome::Rejected {
-                    status: StatusCode::TOO_MANY_REQUESTS,
+                    status: self.opts.full_status,
                     retry_after: Some(HeaderValue::from_static(FULL_RETRY_AFTER_SECS)),
                     reason: format!("the disk queue of backend {} is out of space", self.name),
                 }
