@@ -21,6 +21,22 @@ if [[ ! -x $PROM ]]; then
 fi
 "$PROM" --version 2>&1 | head -n1 >&2
 
+# VictoriaMetrics single-node, one receiver of the fault suite (tests/e2e_queue_faults.rs).
+VM=$BIN_DIR/usr/bin/victoria-metrics
+if [[ ! -x $VM ]]; then
+  echo "[test] fetching Debian's victoria-metrics into $BIN_DIR" >&2
+  mkdir -p "$BIN_DIR/debs"
+  (
+    cd "$BIN_DIR/debs"
+    if ! apt-get download victoria-metrics >/dev/null 2>&1; then
+      apt-get update -qq >/dev/null
+      apt-get download victoria-metrics >/dev/null
+    fi
+  )
+  dpkg -x "$BIN_DIR"/debs/victoria-metrics_*.deb "$BIN_DIR"
+fi
+export VICTORIA_METRICS_BIN=$VM
+
 export PROMETHEUS_BIN=$PROM
 export PROMNORM_E2E=1
 

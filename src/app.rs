@@ -3,7 +3,13 @@
 //! validation; the stages never see configuration types. This is the only module that
 //! knows both.
 
-use crate::config::{BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, yaml};
+use std::sync::Arc;
+
+use crate::config::{
+    BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, QueueConfig, QueueType,
+    WhenFullConfig, yaml,
+};
+use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
     BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
 };
@@ -18,6 +24,9 @@ pub enum BuildError {
     Rules(#[from] CompileError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A backend's queue could not be opened (its directory held or unwritable).
+    #[error("{0}")]
+    Queue(String),
 }
 
 /// What a [`Config`] becomes: rules, derived-series settings, the pipeline.
@@ -288,9 +297,39 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
 pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
-        sinks.push(Box::new(HttpBackend::new(backend_options(b, i)?)?));
+        let http = HttpBackend::new(backend_options(b, i)?)?;
+        match queue_options(&b.queue, cfg.server.throttle_status) {
+            None => sinks.push(Box::new(http)),
+            Some(q) => sinks.push(Box::new(QueuedSink::new(Arc::new(http), q))),
+        }
     }
     Ok(sinks)
+}
+
+/// A backend's queue settings; `None` for `type: none`.
+pub fn queue_options(q: &QueueConfig, throttle_status: u16) -> Option<QueueOptions> {
+    let kind = match q.kind {
+        QueueType::None => return None,
+        QueueType::Memory => QueueKind::Memory,
+        QueueType::Disk => QueueKind::Disk {
+            dir: q.dir.clone()?,
+            fsync_interval: q.fsync_interval,
+        },
+    };
+    Some(QueueOptions {
+        kind,
+        max_bytes: q.max_bytes,
+        max_age: q.max_age,
+        shards: q.shards,
+        when_full: match q.when_full {
+            WhenFullConfig::Reject => WhenFull::Reject,
+            WhenFullConfig::DropOldest => WhenFull::DropOldest,
+        },
+        full_status: http::StatusCode::from_u16(throttle_status)
+            .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
+        first_backoff: std::time::Duration::from_millis(250),
+        max_backoff: std::time::Duration::from_secs(30),
+    })
 }
 
 /// The server's state for a configuration, with HTTP backends.

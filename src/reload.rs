@@ -21,9 +21,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::app::{Assemble, BuildError, backend_options, server_options};
+use crate::app::{Assemble, BuildError, backend_options, queue_options, server_options};
 use crate::config::{BackendConfig, Config, ConfigError, LogFormat, yaml};
 use crate::derive::DeriveSettings;
+use crate::forward::queue::{QueueOptions, QueueState, QueuedSink};
 use crate::forward::{BackendOptions, Encoded, Forwarder, HttpBackend, SendFuture, Sink};
 use crate::server::{AppState, Live, ReloadHook};
 use crate::telemetry;
@@ -67,6 +68,8 @@ impl Source {
 /// A backend as built, kept across reloads while its options are the same.
 struct Backend {
     options: BackendOptions,
+    /// The backend's queue (`None`: unqueued): a changed queue is a changed backend.
+    queue: Option<QueueOptions>,
     /// The CA file's contents: a renewed CA file is a changed backend.
     ca: Option<Vec<u8>>,
     sink: Arc<dyn Sink>,
@@ -81,6 +84,21 @@ impl Sink for SharedSink {
     }
     fn send<'a>(&'a self, body: Encoded, incoming: &'a http::HeaderMap) -> SendFuture<'a> {
         self.0.send(body, incoming)
+    }
+    fn pass_headers(&self) -> &[http::HeaderName] {
+        self.0.pass_headers()
+    }
+    fn start(&self) -> Result<(), String> {
+        self.0.start()
+    }
+    fn stop<'a>(
+        &'a self,
+        within: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        self.0.stop(within)
+    }
+    fn queue_state(&self) -> Option<QueueState> {
+        self.0.queue_state()
     }
 }
 
@@ -112,11 +130,26 @@ fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildEr
                 source: e,
             })?),
         };
-        let sink = match old.iter().find(|o| o.options == options && o.ca == ca) {
+        let queue = queue_options(&b.queue, cfg.server.throttle_status);
+        let same = |o: &&Backend| o.options == options && o.ca == ca && o.queue == queue;
+        let sink = match old.iter().find(same) {
             Some(o) => o.sink.clone(),
-            None => Arc::new(HttpBackend::new(options.clone())?) as Arc<dyn Sink>,
+            None => {
+                let http = HttpBackend::new(options.clone())?;
+                match &queue {
+                    None => Arc::new(http) as Arc<dyn Sink>,
+                    Some(q) => {
+                        Arc::new(QueuedSink::new(Arc::new(http), q.clone())) as Arc<dyn Sink>
+                    }
+                }
+            }
         };
-        out.push(Backend { options, ca, sink });
+        out.push(Backend {
+            options,
+            queue,
+            ca,
+            sink,
+        });
     }
     Ok(out)
 }
@@ -231,6 +264,7 @@ impl Reloader {
         let mut state = AppState::new(pipeline, forwarder(&backends), server_options(&cfg)?);
         adjust(&mut state);
         let state = Arc::new(state);
+        state.start_queues().map_err(BuildError::Queue)?;
         let writer = state.spawn_background();
         let running = Running {
             cfg,
@@ -336,6 +370,25 @@ impl Reloader {
         state.ready = old.ready.clone();
         state.connection_limits = old.connection_limits.clone();
         let state = Arc::new(state);
+        // A changed or removed backend's queue ends before its successor opens (a disk
+        // queue's directory is held by one queue at a time): a disk queue stops at once
+        // (what it holds stays on disk and the new queue replays it), a memory queue
+        // delivers what it holds within shutdown_timeout. Meanwhile the old
+        // configuration answers 503 for it, so senders retry.
+        for b in &running.backends {
+            if backends.iter().any(|n| Arc::ptr_eq(&n.sink, &b.sink)) {
+                continue;
+            }
+            if let Some(q) = b.sink.queue_state() {
+                let within = if q.durable {
+                    Duration::ZERO
+                } else {
+                    running.cfg.shutdown_timeout
+                };
+                b.sink.stop(within).await;
+            }
+        }
+        state.start_queues().map_err(BuildError::Queue)?;
         let old = self.live.swap(state.clone());
         // The old writer flushes what it holds a last time (to the old backends), then
         // the new one starts: one writer at a time keeps each derived series in order.
@@ -356,7 +409,9 @@ impl Reloader {
     pub async fn stop(&self, within: Duration) {
         let mut running = self.running.lock().await;
         let writer = running.writer.take();
-        self.live.current().stop_background(writer, within).await;
+        let state = self.live.current();
+        state.stop_background(writer, within).await;
+        state.stop_queues(within).await;
     }
 
     /// Reloads on every `SIGHUP` from `hangups` until the process ends.

@@ -267,6 +267,46 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Timestamp of the last successful configuration load (start-up or reload), in seconds since the epoch.",
     ),
     (
+        QUEUE_BYTES,
+        Kind::Gauge,
+        "Bytes held in a backend's queue (memory, or disk not yet acknowledged).",
+    ),
+    (
+        QUEUE_MAX_BYTES,
+        Kind::Gauge,
+        "A backend queue's budget (queue.max_bytes).",
+    ),
+    (
+        QUEUE_REQUESTS,
+        Kind::Gauge,
+        "Requests held in a backend's queue.",
+    ),
+    (
+        QUEUE_OLDEST_AGE,
+        Kind::Gauge,
+        "Age of the oldest request in a backend's queue (0 when empty): its samples are at least this old.",
+    ),
+    (
+        QUEUE_SEND_LAG,
+        Kind::Gauge,
+        "Time from queueing to acknowledgement of the last request a backend's queue delivered.",
+    ),
+    (
+        QUEUE_RETRIES,
+        Kind::Counter,
+        "Sends from a backend's queue that failed retryably and are retried.",
+    ),
+    (
+        QUEUE_REFUSED,
+        Kind::Counter,
+        "Requests a backend's queue refused (the sender got 429 or 503), by reason (full, disk_full, io_error).",
+    ),
+    (
+        QUEUE_CORRUPT,
+        Kind::Counter,
+        "Queue records skipped because their checksum or framing was corrupt.",
+    ),
+    (
         BUILD_INFO,
         Kind::Gauge,
         "Version, revision and rustc of this binary (value 1).",
@@ -295,6 +335,14 @@ pub const BUILD_INFO: &str = "promnorm_build_info";
 pub const CONFIG_RELOAD_SUCCESSFUL: &str = "promnorm_config_last_reload_successful";
 pub const CONFIG_RELOAD_SUCCESS_TIMESTAMP: &str =
     "promnorm_config_last_reload_success_timestamp_seconds";
+pub const QUEUE_BYTES: &str = "promnorm_queue_bytes";
+pub const QUEUE_MAX_BYTES: &str = "promnorm_queue_max_bytes";
+pub const QUEUE_REQUESTS: &str = "promnorm_queue_requests";
+pub const QUEUE_OLDEST_AGE: &str = "promnorm_queue_oldest_request_age_seconds";
+pub const QUEUE_SEND_LAG: &str = "promnorm_queue_send_lag_seconds";
+pub const QUEUE_RETRIES: &str = "promnorm_queue_retries_total";
+pub const QUEUE_REFUSED: &str = "promnorm_queue_refused_requests_total";
+pub const QUEUE_CORRUPT: &str = "promnorm_queue_corrupt_records_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -329,6 +377,62 @@ pub fn samples_forwarded(backend: &str, n: u64) {
 
 pub fn samples_dropped(reason: &'static str, n: u64) {
     metrics::counter!(SAMPLES_DROPPED, "reason" => reason).increment(n);
+}
+
+/// Samples a backend's queue dropped (`backend_rejected`, `max_age`, `queue_full`,
+/// `shutdown`): the same family as the rules' drops, with the backend.
+pub fn samples_dropped_at(reason: &'static str, backend: &str, n: u64) {
+    metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "backend" => backend.to_string())
+        .increment(n);
+}
+
+/// Puts a queued backend's series on /metrics at zero when its queue opens.
+pub fn register_queue(backend: &str, max_bytes: u64) {
+    let b = || backend.to_string();
+    metrics::gauge!(QUEUE_MAX_BYTES, "backend" => b()).set(max_bytes as f64);
+    metrics::gauge!(QUEUE_BYTES, "backend" => b()).set(0.0);
+    metrics::gauge!(QUEUE_REQUESTS, "backend" => b()).set(0.0);
+    metrics::gauge!(QUEUE_OLDEST_AGE, "backend" => b()).set(0.0);
+    metrics::gauge!(QUEUE_SEND_LAG, "backend" => b()).set(0.0);
+    metrics::counter!(QUEUE_RETRIES, "backend" => b()).absolute(0);
+    metrics::counter!(QUEUE_CORRUPT, "backend" => b()).absolute(0);
+    for reason in ["full", "disk_full", "io_error"] {
+        metrics::counter!(QUEUE_REFUSED, "backend" => b(), "reason" => reason).absolute(0);
+    }
+    for reason in ["backend_rejected", "max_age", "queue_full", "shutdown"] {
+        metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "backend" => b()).absolute(0);
+    }
+}
+
+/// A queue's state, set at scrape time.
+pub fn queue_state(
+    backend: &str,
+    bytes: u64,
+    requests: u64,
+    oldest_age: Option<std::time::Duration>,
+) {
+    let b = || backend.to_string();
+    metrics::gauge!(QUEUE_BYTES, "backend" => b()).set(bytes as f64);
+    metrics::gauge!(QUEUE_REQUESTS, "backend" => b()).set(requests as f64);
+    metrics::gauge!(QUEUE_OLDEST_AGE, "backend" => b())
+        .set(oldest_age.map_or(0.0, |d| d.as_secs_f64()));
+}
+
+pub fn queue_refused(backend: &str, reason: &'static str) {
+    metrics::counter!(QUEUE_REFUSED, "backend" => backend.to_string(), "reason" => reason)
+        .increment(1);
+}
+
+pub fn queue_corrupt(backend: &str, n: u64) {
+    metrics::counter!(QUEUE_CORRUPT, "backend" => backend.to_string()).increment(n);
+}
+
+pub fn queue_retry(backend: &str) {
+    metrics::counter!(QUEUE_RETRIES, "backend" => backend.to_string()).increment(1);
+}
+
+pub fn queue_send_lag(backend: &str, lag: std::time::Duration) {
+    metrics::gauge!(QUEUE_SEND_LAG, "backend" => backend.to_string()).set(lag.as_secs_f64());
 }
 
 pub fn derived_samples(series: &'static str, n: u64) {

@@ -188,6 +188,11 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Length of the kernel's queue of connections not yet accepted.
     pub listen_backlog: u32,
+    /// The status promnorm answers when it is full (a backend queue out of room or disk)
+    /// and the sender should retry later: `429` (with `Retry-After`) or `503`. Prometheus
+    /// retries a 429 only with `queue_config.retry_on_http_429: true` (default false):
+    /// without it, choose 503.
+    pub throttle_status: u16,
 }
 
 impl Default for ServerConfig {
@@ -198,6 +203,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
             listen_backlog: 4096,
+            throttle_status: 429,
         }
     }
 }
@@ -226,6 +232,71 @@ pub struct BackendConfig {
     pub bearer_token: Option<Secret>,
     #[serde(default)]
     pub tls: TlsConfig,
+    /// Delivery queue (docs/queues.md); `type: none` forwards synchronously.
+    #[serde(default)]
+    pub queue: QueueConfig,
+}
+
+/// A backend's delivery queue.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// `none`: the sender waits for the backend and gets its answer; `memory` or
+    /// `disk`: the sender gets 204 once the data is queued, the queue delivers it.
+    #[serde(rename = "type")]
+    pub kind: QueueType,
+    /// Directory of a `disk` queue (required for `disk`; one per backend; relative to
+    /// the configuration file).
+    pub dir: Option<PathBuf>,
+    /// Bytes the queue may hold; beyond it the sender gets 429 (`when_full: reject`).
+    pub max_bytes: u64,
+    /// `disk`: appended records are fsynced at least this often; `0s` fsyncs before
+    /// the sender is answered.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub fsync_interval: Duration,
+    /// Requests queued longer than this are dropped (counted) instead of sent; unset
+    /// keeps them until delivered.
+    #[serde(
+        deserialize_with = "de_opt_duration",
+        serialize_with = "se_opt_duration"
+    )]
+    pub max_age: Option<Duration>,
+    /// Senders per backend, each with one request in flight; requests are split by
+    /// series so that every series keeps its order.
+    pub shards: usize,
+    /// `reject` (429, the sender's WAL keeps the data) or `drop_oldest` (counted).
+    pub when_full: WhenFullConfig,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            kind: QueueType::None,
+            dir: None,
+            max_bytes: 512 << 20,
+            fsync_interval: Duration::from_secs(1),
+            max_age: None,
+            shards: 1,
+            when_full: WhenFullConfig::Reject,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueType {
+    #[default]
+    None,
+    Memory,
+    Disk,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFullConfig {
+    #[default]
+    Reject,
+    DropOldest,
 }
 
 impl BackendConfig {
@@ -240,6 +311,7 @@ impl BackendConfig {
             basic_auth: None,
             bearer_token: None,
             tls: TlsConfig::default(),
+            queue: QueueConfig::default(),
         }
     }
 
@@ -525,6 +597,35 @@ impl<'de> Deserialize<'de> for BuiltinPacks {
     }
 }
 
+/// Free bytes on the filesystem holding `dir` (for the start-up check of `max_bytes`).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Bytes of the files under `dir` (what a disk queue already holds).
+fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -732,6 +833,79 @@ impl Config {
         Ok(())
     }
 
+    /// A backend's queue: a `disk` queue needs a directory of its own that promnorm can
+    /// create and write.
+    fn check_queue(
+        &self,
+        name: &str,
+        b: &BackendConfig,
+        dirs: &mut std::collections::BTreeSet<PathBuf>,
+    ) -> Result<(), ConfigError> {
+        let q = &b.queue;
+        if q.kind == QueueType::None {
+            return Ok(());
+        }
+        if q.shards == 0 || q.shards > 256 {
+            return Err(self.invalid_at(
+                "shards",
+                &q.shards.to_string(),
+                format!("backend {name}: queue.shards must be from 1 to 256"),
+            ));
+        }
+        if q.max_bytes < 1 << 20 {
+            return Err(self.invalid_at(
+                "max_bytes",
+                &q.max_bytes.to_string(),
+                format!("backend {name}: queue.max_bytes must be at least 1048576 (1 MiB)"),
+            ));
+        }
+        if q.max_age.is_some_and(|a| a.is_zero()) {
+            return Err(self.invalid_at(
+                "max_age",
+                "0",
+                format!("backend {name}: queue.max_age must be positive (omit it to keep requests until delivered)"),
+            ));
+        }
+        if q.kind != QueueType::Disk {
+            return Ok(());
+        }
+        let Some(dir) = &q.dir else {
+            return Err(self.invalid_at(
+                "type",
+                "disk",
+                format!("backend {name}: a disk queue needs queue.dir"),
+            ));
+        };
+        let shown = dir.display().to_string();
+        if !dirs.insert(dir.clone()) {
+            return Err(self.invalid_at(
+                "dir",
+                &shown,
+                format!("backend {name}: queue.dir {shown} is used by another backend"),
+            ));
+        }
+        // The nearest existing ancestor must be a writable directory.
+        let existing = dir
+            .ancestors()
+            .find(|a| a.exists())
+            .unwrap_or(Path::new("."));
+        let writable =
+            std::fs::metadata(existing).is_ok_and(|m| m.is_dir()) && existing.exists() && {
+                let probe = existing.join(format!(".promnorm-probe-{}", std::process::id()));
+                let ok = std::fs::write(&probe, b"").is_ok();
+                let _ = std::fs::remove_file(&probe);
+                ok
+            };
+        if !writable {
+            return Err(self.invalid_at(
+                "dir",
+                &shown,
+                format!("backend {name}: queue.dir {shown} cannot be created or written ({} is not a writable directory)", existing.display()),
+            ));
+        }
+        Ok(())
+    }
+
     /// Non-fatal remarks about the configuration (printed by check-config, logged by serve).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -745,6 +919,24 @@ impl Config {
                     b.name_or_default(i),
                     redact_url(&b.url)
                 ));
+            }
+            if b.queue.kind == QueueType::Disk
+                && let Some(dir) = &b.queue.dir
+                && let Some(existing) = dir.ancestors().find(|a| a.exists())
+                && let Some(free) = free_bytes(existing)
+            {
+                let held = disk_usage(dir);
+                if free + held < b.queue.max_bytes {
+                    out.push(format!(
+                        "{}backend {}: queue.dir {} has {} bytes free (plus {} held by the queue), less than queue.max_bytes {}: the queue will refuse data (429) when the disk fills",
+                        self.position("dir", &dir.display().to_string()),
+                        b.name_or_default(i),
+                        dir.display(),
+                        free,
+                        held,
+                        b.queue.max_bytes
+                    ));
+                }
             }
         }
         out
@@ -778,9 +970,10 @@ impl Config {
             source: e,
         })?;
         let mut cfg = Config::parse(&text, &path.display().to_string())?;
-        // Mapping files are relative to the configuration file.
+        // Mapping files and queue directories are relative to the configuration file.
         if let Some(dir) = path.parent() {
-            for f in &mut cfg.packs.files {
+            let queue_dirs = cfg.backends.iter_mut().filter_map(|b| b.queue.dir.as_mut());
+            for f in cfg.packs.files.iter_mut().chain(queue_dirs) {
                 if f.is_relative() {
                     *f = dir.join(&*f);
                 }
@@ -822,6 +1015,13 @@ impl Config {
                 return Err(self.invalid_at(key, "0", format!("{key} must be positive")));
             }
         }
+        if ![429, 503].contains(&self.server.throttle_status) {
+            return Err(self.invalid_at(
+                "throttle_status",
+                &self.server.throttle_status.to_string(),
+                "server.throttle_status must be 429 or 503",
+            ));
+        }
         if self.backends.is_empty() {
             return Err(self.invalid_at(
                 "backends",
@@ -839,6 +1039,7 @@ impl Config {
             });
         }
         let mut names = std::collections::BTreeSet::new();
+        let mut queue_dirs = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {
             let name = b.name_or_default(i);
             let url = parse_backend_url(&b.url).map_err(|source| {
@@ -866,6 +1067,7 @@ impl Config {
                 }
             }
             self.check_backend_files(&name, b)?;
+            self.check_queue(&name, b, &mut queue_dirs)?;
             if !names.insert(name.clone()) {
                 return Err(ConfigError::DuplicateBackend {
                     at: self.position_nth("name", &name, 1),

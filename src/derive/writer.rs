@@ -107,7 +107,11 @@ impl Writer {
             };
             let outcomes = self
                 .forwarder
-                .deliver_to_all(&Encoded::v1(body), &HeaderMap::new(), policy)
+                .deliver_to_all(
+                    &Encoded::v1(body).with_samples(chunk.len() as u64),
+                    &HeaderMap::new(),
+                    policy,
+                )
                 .await;
             for (sink, outcome) in self.forwarder.sinks().zip(outcomes) {
                 account(sink, outcome, chunk.len());
@@ -122,6 +126,8 @@ impl Writer {
 fn account(sink: &dyn Sink, outcome: Outcome, samples: usize) {
     if matches!(outcome, Outcome::Delivered) {
         telemetry::samples_forwarded(sink.name(), samples as u64);
+    } else if matches!(outcome, Outcome::Queued) {
+        // The queue counts them when the backend acknowledges them.
     } else if outcome.is_retryable() {
         tracing::warn!(
             backend = sink.name(),

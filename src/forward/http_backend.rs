@@ -200,6 +200,10 @@ impl Sink for HttpBackend {
         &self.settings.name
     }
 
+    fn pass_headers(&self) -> &[HeaderName] {
+        &self.settings.pass_headers
+    }
+
     fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a> {
         Box::pin(self.send_inner(body, incoming))
     }

@@ -5,6 +5,7 @@
 //! request path only sees "deliver this body, tell me the outcome".
 
 pub mod http_backend;
+pub mod queue;
 pub mod tls;
 
 use std::future::Future;
@@ -20,6 +21,8 @@ pub use http_backend::HttpBackend;
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Delivered,
+    /// Stored in the backend's queue (`backends[].queue`), which delivers it later.
+    Queued,
     /// The backend answered a non-2xx status.
     Rejected {
         status: StatusCode,
@@ -72,6 +75,8 @@ impl Protocol {
 pub struct Encoded {
     pub body: Bytes,
     pub protocol: Protocol,
+    /// Samples (float and histogram) in the body, for a queue's drop counts.
+    pub samples: u64,
 }
 
 impl Encoded {
@@ -79,7 +84,13 @@ impl Encoded {
         Encoded {
             body,
             protocol: Protocol::V1,
+            samples: 0,
         }
+    }
+
+    pub fn with_samples(mut self, samples: u64) -> Encoded {
+        self.samples = samples;
+        self
     }
 }
 
@@ -88,6 +99,27 @@ pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
     /// `incoming` are the sender's headers, for configured pass-through.
     fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a>;
+
+    /// The sender's headers this backend copies through (a queue stores them).
+    fn pass_headers(&self) -> &[http::HeaderName] {
+        &[]
+    }
+
+    /// Opens what the sink keeps across requests (a queue's files, its senders); called
+    /// once on the runtime before the server accepts requests.
+    fn start(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Delivers what is pending within `within`, then stops.
+    fn stop<'a>(&'a self, _within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(std::future::ready(()))
+    }
+
+    /// The queue's state, for a queued backend.
+    fn queue_state(&self) -> Option<queue::QueueState> {
+        None
+    }
 }
 
 /// How often and how patiently a failed delivery is retried.
@@ -118,24 +150,63 @@ pub async fn deliver_with_retries(
     incoming: &HeaderMap,
     policy: RetryPolicy,
 ) -> Outcome {
-    let mut backoff = policy.first_backoff;
+    let mut backoff = Backoff::new(policy.first_backoff, policy.max_backoff);
     let mut attempt = 1;
     loop {
         let outcome = sink.send(body.clone(), incoming).await;
         if !outcome.is_retryable() || attempt >= policy.max_attempts {
             return outcome;
         }
-        let wait = retry_after(&outcome)
-            .unwrap_or(backoff)
-            .min(policy.max_backoff);
-        tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(policy.max_backoff);
+        tokio::time::sleep(backoff.wait(&outcome)).await;
         attempt += 1;
     }
 }
 
-/// A `Retry-After` given in seconds.
-fn retry_after(outcome: &Outcome) -> Option<Duration> {
+/// The one backoff policy of every retry (the derived writer's and the queues'): the
+/// backend's `Retry-After` when it sent one, else an exponential backoff with jitter (a
+/// uniform wait in [backoff/2, backoff]), capped at `max`.
+pub struct Backoff {
+    first: Duration,
+    next: Duration,
+    max: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, max: Duration) -> Backoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Backoff {
+            first,
+            next: first,
+            max,
+            rng: seed | 1,
+        }
+    }
+
+    /// How long to wait after `outcome`; doubles the backoff for the next time.
+    pub fn wait(&mut self, outcome: &Outcome) -> Duration {
+        let jittered = {
+            // xorshift64: jitter needs no cryptographic randomness.
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let frac = (self.rng % 1000) as f64 / 1000.0;
+            self.next.mul_f64(0.5 + frac / 2.0)
+        };
+        let wait = retry_after(outcome).unwrap_or(jittered).min(self.max);
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// After a success: the next failure waits `first` again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
     match outcome {
         Outcome::Rejected {
             retry_after: Some(v),
@@ -229,7 +300,7 @@ pub enum OutcomeClass {
 impl Outcome {
     pub fn class(&self) -> OutcomeClass {
         match self {
-            Outcome::Delivered => OutcomeClass::Delivered,
+            Outcome::Delivered | Outcome::Queued => OutcomeClass::Delivered,
             Outcome::Timeout | Outcome::Unreachable(_) => OutcomeClass::Unavailable,
             Outcome::Rejected { status, .. } => classify_status(*status),
         }
@@ -309,7 +380,7 @@ pub fn verdict<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -
                     status.as_u16()
                 ),
             ),
-            (Outcome::Delivered, _) => continue,
+            (Outcome::Delivered | Outcome::Queued, _) => continue,
         };
         if best.as_ref().is_none_or(|(r, _)| rank > *r) {
             best = Some((

@@ -79,6 +79,23 @@ impl AppState {
 }
 
 impl AppState {
+    /// Opens the backends' queues (replaying disk queues) on the current runtime; a
+    /// queue already open (a backend kept across a reload) stays as it is.
+    pub fn start_queues(&self) -> Result<(), String> {
+        for sink in self.forwarder.sinks() {
+            sink.start()?;
+        }
+        Ok(())
+    }
+
+    /// Lets every queue deliver what it holds within `within`, then stops it.
+    pub async fn stop_queues(&self, within: Duration) {
+        let stops: Vec<_> = self.forwarder.sinks().map(|s| s.stop(within)).collect();
+        for stop in stops {
+            stop.await;
+        }
+    }
+
     /// Starts the derived-series writer (when derived series are on) on the current
     /// runtime. Stop it with [`AppState::stop_background`].
     pub fn spawn_background(&self) -> Option<tokio::task::JoinHandle<()>> {
@@ -105,6 +122,11 @@ impl AppState {
 
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
+        for sink in self.forwarder.sinks() {
+            if let Some(q) = sink.queue_state() {
+                telemetry::queue_state(sink.name(), q.bytes, q.requests, q.oldest_age);
+            }
+        }
         if let Some(d) = self.pipeline.deriver() {
             let c = &d.counters;
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -153,11 +175,20 @@ async fn metrics(State(live): State<Arc<Live>>) -> impl IntoResponse {
 
 async fn ready(State(live): State<Arc<Live>>) -> Response {
     let st = live.current();
-    if st.ready.load(Ordering::Relaxed) && !st.forwarder.is_empty() {
-        (StatusCode::OK, "promnorm is ready.\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "promnorm is not ready.\n").into_response()
+    if !st.ready.load(Ordering::Relaxed) || st.forwarder.is_empty() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "promnorm is not ready.\n").into_response();
     }
+    // Every backend queued and every queue refusing for room: a balancer should send
+    // elsewhere until one drains.
+    let mut queues = st.forwarder.sinks().map(|s| s.queue_state());
+    if queues.all(|q| q.is_some_and(|q| q.refusing)) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "promnorm is not ready: every backend queue is full.\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "promnorm is ready.\n").into_response()
 }
 
 fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) -> Response {
@@ -332,7 +363,10 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
     if processed.empty {
         return answer(StatusCode::NO_CONTENT, "", None);
     }
-    let outcomes = st.forwarder.send_all(Encoded::v1(out), &headers).await;
+    let outcomes = st
+        .forwarder
+        .send_all(Encoded::v1(out).with_samples(forwarded_samples), &headers)
+        .await;
     for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
         if matches!(o, Outcome::Delivered) {
             telemetry::samples_forwarded(sink.name(), forwarded_samples);

@@ -4,6 +4,7 @@
 pub mod decode;
 pub mod encode;
 pub mod pb;
+pub mod shard;
 pub mod snappy;
 
 /// Generated (owned) prost types: used by tests as the decoding oracle and by tools;

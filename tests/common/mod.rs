@@ -148,11 +148,18 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
         yaml.push_str(&format!("  - url: {b}\n    timeout: 2s\n"));
     }
     yaml.push_str(extra_yaml);
-    let cfg = Config::parse(&yaml, "test.yaml").expect("test config parses");
+    start_proxy_yaml(&yaml, Duration::from_secs(5)).await
+}
+
+/// Starts promnorm in-process on a whole configuration; on stop it drains for at most
+/// `shutdown`.
+pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
+    let cfg = Config::parse(yaml, "test.yaml").expect("test config parses");
     let state = Arc::new(promnorm::app::app_state(&cfg).expect("test config is valid"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
+    state.start_queues().expect("queues open");
     let background = state.spawn_background();
     let app = router(state.clone(), &cfg.write_paths);
     let done = tokio::spawn(async move {
@@ -163,18 +170,27 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
             async move {
                 let _ = rx.await;
             },
-            Duration::from_secs(5),
+            shutdown,
         )
         .await;
-        state
-            .stop_background(background, Duration::from_secs(5))
-            .await;
+        state.stop_background(background, shutdown).await;
+        state.stop_queues(shutdown).await;
         r
     });
     Proxy {
         addr,
         stop: Some(tx),
         done,
+    }
+}
+
+impl Proxy {
+    /// Stops the proxy and waits until it has drained.
+    pub async fn shut_down(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.done).await;
     }
 }
 

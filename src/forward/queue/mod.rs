@@ -1,0 +1,568 @@
+//! Per-backend delivery queues (`backends[].queue`, docs/queues.md). A queued backend is
+//! a [`Sink`] whose `send` means "stored": the sender's request is answered once its
+//! data is in every queued backend's queue, and each queue drains on its own, so a slow
+//! or dead backend never holds up another backend or the sender.
+//!
+//! A queue has `shards` FIFOs. With more than one, each request is split by a hash of
+//! each series' labels ([`crate::wire::shard`]): a series always uses the same shard, and
+//! a shard has one request in flight, so each series' samples reach the backend in the
+//! order they were received. Retries follow the answer classes of [`Outcome::class`]:
+//! data errors are dropped and counted, everything else is retried with exponential
+//! backoff and jitter (honouring `Retry-After`) until delivered or `max_age`.
+
+pub mod record;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokio::sync::Notify;
+
+use super::{Backoff, Encoded, Outcome, OutcomeClass, Protocol, SendFuture, Sink};
+use crate::telemetry;
+use record::{Record, now_ms};
+use store::{DiskStore, MemoryStore, Store, StoreError};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueKind {
+    Memory,
+    Disk {
+        dir: PathBuf,
+        /// Zero: fsync before answering the sender.
+        fsync_interval: Duration,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Answer the sender 429: its write-ahead log keeps the data.
+    Reject,
+    /// Drop the oldest queued requests (counted) to make room for fresh data.
+    DropOldest,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueOptions {
+    pub kind: QueueKind,
+    pub max_bytes: u64,
+    /// Requests queued longer than this are dropped (counted) instead of sent.
+    pub max_age: Option<Duration>,
+    pub shards: usize,
+    pub when_full: WhenFull,
+    /// The sender's answer when the queue has no room: 429 or 503, with `Retry-After`.
+    pub full_status: StatusCode,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+/// What the queue holds now, for the gauges read at scrape time and `/-/ready`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueState {
+    pub bytes: u64,
+    pub max_bytes: u64,
+    pub requests: u64,
+    /// Age of the oldest queued request (its samples are at least this old).
+    pub oldest_age: Option<Duration>,
+    /// True after a request was refused for room, until the queue frees some.
+    pub refusing: bool,
+    /// A disk queue: what it holds survives a stop.
+    pub durable: bool,
+}
+
+/// `Retry-After` on a 429 for a full queue: long enough for a shard to drain a little.
+const FULL_RETRY_AFTER_SECS: &str = "5";
+
+pub struct QueuedSink {
+    name: String,
+    inner: Arc<dyn Sink>,
+    opts: QueueOptions,
+    pass: Vec<HeaderName>,
+    running: OnceLock<Arc<Running>>,
+}
+
+struct Running {
+    shards: Vec<Shard>,
+    bytes: AtomicU64,
+    requests: AtomicU64,
+    refusing: AtomicBool,
+    draining: AtomicBool,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+struct Shard {
+    state: Mutex<ShardState>,
+    wake: Notify,
+}
+
+struct ShardState {
+    store: Box<dyn Store>,
+    /// The front record is being sent: `drop_oldest` must not remove it.
+    in_flight: bool,
+}
+
+impl QueuedSink {
+    /// A queue in front of `inner`. Nothing is opened until [`Sink::start`].
+    pub fn new(inner: Arc<dyn Sink>, opts: QueueOptions) -> QueuedSink {
+        let pass = inner.pass_headers().to_vec();
+        QueuedSink {
+            name: inner.name().to_string(),
+            inner,
+            opts,
+            pass,
+            running: OnceLock::new(),
+        }
+    }
+
+    fn open_stores(&self) -> Result<Vec<Box<dyn Store>>, StoreError> {
+        let shards = self.opts.shards.max(1);
+        let mut stores: Vec<Box<dyn Store>> = Vec::with_capacity(shards);
+        for i in 0..shards {
+            match &self.opts.kind {
+                QueueKind::Memory => stores.push(Box::new(MemoryStore::default())),
+                QueueKind::Disk {
+                    dir,
+                    fsync_interval,
+                } => {
+                    let segment =
+                        (self.opts.max_bytes / shards as u64 / 4).min(store::SEGMENT_BYTES);
+                    stores.push(Box::new(DiskStore::open(
+                        &dir.join(format!("shard-{i}")),
+                        segment,
+                        fsync_interval.is_zero(),
+                    )?));
+                }
+            }
+        }
+        Ok(stores)
+    }
+
+    fn enqueue(&self, run: &Running, body: Encoded, incoming: &HeaderMap) -> Outcome {
+        if run.draining.load(Ordering::Relaxed) {
+            return unavailable("promnorm is shutting down");
+        }
+        let headers: Vec<(HeaderName, HeaderValue)> = self
+            .pass
+            .iter()
+            .flat_map(|n| {
+                incoming
+                    .get_all(n)
+                    .iter()
+                    .map(move |v| (n.clone(), v.clone()))
+            })
+            .collect();
+        let enqueued_ms = now_ms();
+        let parts = match self.split(&body) {
+            Ok(p) => p,
+            Err(reason) => {
+                return Outcome::Rejected {
+                    status: StatusCode::BAD_REQUEST,
+                    retry_after: None,
+                    reason,
+                };
+            }
+        };
+        let records: Vec<(usize, Record)> = parts
+            .into_iter()
+            .map(|(shard, part, samples)| {
+                let rec = Record {
+                    body: part,
+                    protocol: body.protocol,
+                    headers: headers.clone(),
+                    samples,
+                    enqueued_ms,
+                };
+                (shard, rec)
+            })
+            .collect();
+        let total: u64 = records.iter().map(|(_, r)| r.size()).sum();
+        if let Err(o) = self.reserve(run, total) {
+            return o;
+        }
+        let mut pushed = 0;
+        for (i, rec) in &records {
+            let shard = &run.shards[*i];
+            let res = lock(&shard.state).store.push(rec);
+            match res {
+                Ok(()) => {
+                    pushed += rec.size();
+                    run.requests.fetch_add(1, Ordering::Relaxed);
+                    shard.wake.notify_one();
+                }
+                Err(e) => {
+                    run.bytes.fetch_sub(total - pushed, Ordering::Relaxed);
+                    return self.store_failed(run, e);
+                }
+            }
+        }
+        Outcome::Queued
+    }
+
+    /// Splits a body into its shards' parts: `(shard, body, samples)`.
+    fn split(&self, body: &Encoded) -> Result<Vec<(usize, Bytes, u64)>, String> {
+        let n = self.opts.shards.max(1);
+        if n == 1 || body.protocol != Protocol::V1 {
+            return Ok(vec![(0, body.body.clone(), body.samples)]);
+        }
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(&body.body)
+            .map_err(|e| format!("queue {}: body is not snappy: {e}", self.name))?;
+        let mut parts = vec![Vec::new(); n];
+        let mut samples = vec![0u64; n];
+        crate::wire::shard::split_by_series(&raw, &mut parts, &mut samples)
+            .map_err(|e| format!("queue {}: {e}", self.name))?;
+        let mut enc = snap::raw::Encoder::new();
+        let mut out = Vec::with_capacity(n);
+        for (i, p) in parts.iter().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            let c = enc
+                .compress_vec(p)
+                .map_err(|e| format!("queue {}: {e}", self.name))?;
+            out.push((i, Bytes::from(c), samples[i]));
+        }
+        Ok(out)
+    }
+
+    /// Takes `bytes` of the budget, making room by dropping the oldest requests when
+    /// so configured; else the sender gets 429.
+    fn reserve(&self, run: &Running, bytes: u64) -> Result<(), Outcome> {
+        let max = self.opts.max_bytes;
+        let prev = run.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if prev + bytes <= max {
+            return Ok(());
+        }
+        if self.opts.when_full == WhenFull::DropOldest && bytes <= max {
+            let mut over = prev + bytes - max;
+            while over > 0 {
+                let Some(removed) = self.drop_oldest(run) else {
+                    break;
+                };
+                over = over.saturating_sub(removed);
+            }
+            if over == 0 {
+                return Ok(());
+            }
+        }
+        run.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        run.refusing.store(true, Ordering::Relaxed);
+        telemetry::queue_refused(&self.name, "full");
+        Err(Outcome::Rejected {
+            status: self.opts.full_status,
+            retry_after: Some(HeaderValue::from_static(FULL_RETRY_AFTER_SECS)),
+            reason: format!(
+                "the queue of backend {} is full ({} of max_bytes {} in use)",
+                self.name,
+                prev.min(max),
+                max
+            ),
+        })
+    }
+
+    /// Drops the oldest request not in flight; its bytes are returned to the budget.
+    fn drop_oldest(&self, run: &Running) -> Option<u64> {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, s) in run.shards.iter().enumerate() {
+            let st = lock(&s.state);
+            if st.store.len() > usize::from(st.in_flight)
+                && let Some(t) = st.store.oldest_ms()
+                && best.is_none_or(|(_, b)| t < b)
+            {
+                best = Some((i, t));
+            }
+        }
+        let (i, _) = best?;
+        let removed = {
+            let mut st = lock(&run.shards[i].state);
+            let index = usize::from(st.in_flight);
+            st.store.remove(index)?
+        };
+        run.bytes.fetch_sub(removed.bytes, Ordering::AcqRel);
+        run.requests.fetch_sub(1, Ordering::Relaxed);
+        telemetry::samples_dropped_at("queue_full", &self.name, removed.samples);
+        Some(removed.bytes)
+    }
+
+    fn store_failed(&self, run: &Running, e: StoreError) -> Outcome {
+        match e {
+            StoreError::NoSpace(err) => {
+                run.refusing.store(true, Ordering::Relaxed);
+                telemetry::queue_refused(&self.name, "disk_full");
+                warn_limited(&self.name, &format!("disk full: {err}"));
+                Outcome::Rejected {
+                    status: self.opts.full_status,
+                    retry_after: Some(HeaderValue::from_static(FULL_RETRY_AFTER_SECS)),
+                    reason: format!("the disk queue of backend {} is out of space", self.name),
+                }
+            }
+            StoreError::Io(err) => {
+                telemetry::queue_refused(&self.name, "io_error");
+                warn_limited(&self.name, &format!("queue i/o error: {err}"));
+                unavailable(&format!(
+                    "the disk queue of backend {} failed: {err}",
+                    self.name
+                ))
+            }
+        }
+    }
+}
+
+fn unavailable(reason: &str) -> Outcome {
+    Outcome::Rejected {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        retry_after: None,
+        reason: reason.to_string(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Logs a queue problem at most once every 10 s per backend.
+fn warn_limited(backend: &str, msg: &str) {
+    static LAST: Mutex<Vec<(String, std::time::Instant)>> = Mutex::new(Vec::new());
+    let mut last = lock(&LAST);
+    let now = std::time::Instant::now();
+    match last.iter_mut().find(|(b, _)| b == backend) {
+        Some((_, t)) if now.duration_since(*t) < Duration::from_secs(10) => return,
+        Some((_, t)) => *t = now,
+        None => last.push((backend.to_string(), now)),
+    }
+    tracing::warn!(backend, "{msg}");
+}
+
+impl Sink for QueuedSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a> {
+        let outcome = match self.running.get() {
+            Some(run) => self.enqueue(run, body, incoming),
+            None => unavailable("the queue is not open yet"),
+        };
+        Box::pin(std::future::ready(outcome))
+    }
+
+    fn pass_headers(&self) -> &[HeaderName] {
+        &self.pass
+    }
+
+    fn start(&self) -> Result<(), String> {
+        if self.running.get().is_some() {
+            return Ok(());
+        }
+        let stores = self
+            .open_stores()
+            .map_err(|e| format!("backend {}: opening its queue: {e}", self.name))?;
+        let mut bytes = 0;
+        let mut requests = 0;
+        for s in &stores {
+            bytes += s.bytes();
+            requests += s.len() as u64;
+        }
+        if requests > 0 {
+            tracing::info!(backend = %self.name, requests, bytes, "replaying the disk queue");
+        }
+        let run = Arc::new(Running {
+            shards: stores
+                .into_iter()
+                .map(|store| Shard {
+                    state: Mutex::new(ShardState {
+                        store,
+                        in_flight: false,
+                    }),
+                    wake: Notify::new(),
+                })
+                .collect(),
+            bytes: AtomicU64::new(bytes),
+            requests: AtomicU64::new(requests),
+            refusing: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+        telemetry::register_queue(&self.name, self.opts.max_bytes);
+        let mut tasks = Vec::new();
+        for i in 0..run.shards.len() {
+            tasks.push(tokio::spawn(drain_shard(
+                run.clone(),
+                i,
+                self.inner.clone(),
+                self.name.clone(),
+                self.opts.clone(),
+            )));
+        }
+        if let QueueKind::Disk { fsync_interval, .. } = &self.opts.kind
+            && let Some(every) = store::sync_interval(*fsync_interval)
+        {
+            tasks.push(tokio::spawn(sync_periodically(run.clone(), every)));
+        }
+        *lock(&run.tasks) = tasks;
+        let _ = self.running.set(run);
+        Ok(())
+    }
+
+    fn stop<'a>(
+        &'a self,
+        within: Duration,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(run) = self.running.get() else {
+                return;
+            };
+            run.draining.store(true, Ordering::Relaxed);
+            let deadline = tokio::time::Instant::now() + within;
+            while run.requests.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for t in lock(&run.tasks).drain(..) {
+                t.abort();
+            }
+            let left = run.requests.load(Ordering::Relaxed);
+            let mut samples = 0;
+            for s in &run.shards {
+                let mut st = lock(&s.state);
+                if let Err(e) = st.store.sync() {
+                    tracing::warn!(backend = %self.name, error = %e, "syncing the disk queue");
+                }
+                if matches!(self.opts.kind, QueueKind::Memory) {
+                    while let Some(r) = st.store.pop_front() {
+                        samples += r.samples;
+                    }
+                }
+                // Close the disk queue's files (and its directory lock) now, not when the
+                // last reference to this sink goes: a successor may open the directory.
+                st.store = Box::new(MemoryStore::default());
+            }
+            if left > 0 {
+                match self.opts.kind {
+                    QueueKind::Memory => {
+                        telemetry::samples_dropped_at("shutdown", &self.name, samples);
+                        tracing::error!(backend = %self.name, requests = left, samples, "memory queue not drained before shutdown_timeout: its samples are lost");
+                    }
+                    QueueKind::Disk { .. } => {
+                        tracing::info!(backend = %self.name, requests = left, "left in the disk queue; sent after restart");
+                    }
+                }
+            }
+        })
+    }
+
+    fn queue_state(&self) -> Option<QueueState> {
+        let run = self.running.get()?;
+        let now = now_ms();
+        let oldest = run
+            .shards
+            .iter()
+            .filter_map(|s| lock(&s.state).store.oldest_ms())
+            .min();
+        Some(QueueState {
+            bytes: run.bytes.load(Ordering::Relaxed),
+            max_bytes: self.opts.max_bytes,
+            requests: run.requests.load(Ordering::Relaxed),
+            oldest_age: oldest.map(|t| Duration::from_millis(now.saturating_sub(t))),
+            refusing: run.refusing.load(Ordering::Relaxed),
+            durable: matches!(self.opts.kind, QueueKind::Disk { .. }),
+        })
+    }
+}
+
+use std::future::Future;
+
+/// One shard's sender: the front record, one at a time, until delivered or dropped.
+async fn drain_shard(
+    run: Arc<Running>,
+    index: usize,
+    inner: Arc<dyn Sink>,
+    name: String,
+    opts: QueueOptions,
+) {
+    let shard = &run.shards[index];
+    let mut backoff = Backoff::new(opts.first_backoff, opts.max_backoff);
+    loop {
+        let front = {
+            let mut st = lock(&shard.state);
+            let f = st.store.front();
+            let corrupt = st.store.take_corrupt();
+            if corrupt > 0 {
+                telemetry::queue_corrupt(&name, corrupt);
+                tracing::warn!(backend = %name, records = corrupt, "corrupt queue records skipped");
+            }
+            st.in_flight = matches!(f, Ok(Some(_)));
+            f
+        };
+        let rec = match front {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                shard.wake.notified().await;
+                continue;
+            }
+            Err(e) => {
+                warn_limited(&name, &format!("reading the queue: {e}"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let age = Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms));
+        if opts.max_age.is_some_and(|m| age > m) {
+            finish(&run, shard, &name, "max_age");
+            continue;
+        }
+        let outcome = inner.send(rec.encoded(), &rec.header_map()).await;
+        match outcome.class() {
+            OutcomeClass::Delivered => {
+                telemetry::samples_forwarded(&name, rec.samples);
+                telemetry::queue_send_lag(
+                    &name,
+                    Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms)),
+                );
+                finish(&run, shard, &name, "");
+                backoff.reset();
+            }
+            OutcomeClass::DataRejected => {
+                tracing::warn!(backend = %name, ?outcome, samples = rec.samples, "backend rejected queued samples; dropped");
+                finish(&run, shard, &name, "backend_rejected");
+            }
+            _ => {
+                telemetry::queue_retry(&name);
+                tokio::time::sleep(backoff.wait(&outcome)).await;
+            }
+        }
+    }
+}
+
+/// Removes the front record of a shard; `drop_reason` non-empty counts its samples as
+/// dropped for that reason.
+fn finish(run: &Running, shard: &Shard, name: &str, drop_reason: &'static str) {
+    let removed = {
+        let mut st = lock(&shard.state);
+        st.in_flight = false;
+        st.store.pop_front()
+    };
+    if let Some(r) = removed {
+        run.bytes.fetch_sub(r.bytes, Ordering::AcqRel);
+        run.requests.fetch_sub(1, Ordering::Relaxed);
+        run.refusing.store(false, Ordering::Relaxed);
+        if !drop_reason.is_empty() {
+            telemetry::samples_dropped_at(drop_reason, name, r.samples);
+        }
+    }
+}
+
+async fn sync_periodically(run: Arc<Running>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        for s in &run.shards {
+            if let Err(e) = lock(&s.state).store.sync() {
+                tracing::warn!(error = %e, "fsync of the disk queue");
+            }
+        }
+    }
+}
