@@ -9,8 +9,8 @@ mod common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -572,4 +572,89 @@ async fn derived_state_survives_a_reload_that_does_not_touch_it() {
         ratios(&rec)
     );
     assert!(s.logs().contains("derived_state_kept=false"));
+}
+
+/// A backend whose status the test switches; it records the names and timestamps it
+/// accepted.
+async fn switchable(status: Arc<std::sync::atomic::AtomicU16>) -> (String, Arc<Mutex<Vec<i64>>>) {
+    let got: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let g = got.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |body: Bytes| {
+            let (g, status) = (g.clone(), status.clone());
+            async move {
+                let s = status.load(std::sync::atomic::Ordering::SeqCst);
+                if s == 204 {
+                    for t in decode(&body).timeseries {
+                        g.lock()
+                            .unwrap()
+                            .extend(t.samples.iter().map(|s| s.timestamp));
+                    }
+                }
+                axum::http::StatusCode::from_u16(s).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_survive_a_reload_and_a_changed_disk_queue_hands_its_data_over() {
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let (url, got) = switchable(status.clone()).await;
+    let memory = format!("backends:\n  - url: {url}\n    queue: {{type: memory}}\n");
+    let s = Served::start("queues", &memory, &[], &[]).await;
+    for ts in 1..=5 {
+        post_ok(&s.url("/api/v1/write"), one("reload_queued", &[], 1.0, ts)).await;
+    }
+    // A reload that leaves the backend as it is keeps its queue and what it holds.
+    s.write_config(&format!("{memory}keep_original: true\n"));
+    assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
+    status.store(204, std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.lock().unwrap().len() < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "queued samples lost in the reload: {}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*got.lock().unwrap(), vec![1, 2, 3, 4, 5]);
+
+    // A disk queue whose settings change: the old queue stops, the new one opens the
+    // same directory and delivers what the old one held.
+    status.store(503, std::sync::atomic::Ordering::SeqCst);
+    got.lock().unwrap().clear();
+    let dir = s.path("queue");
+    let disk = |shards: u32| {
+        format!(
+            "backends:\n  - url: {url}\n    queue: {{type: disk, dir: {}, shards: {shards}}}\n",
+            dir.display()
+        )
+    };
+    s.write_config(&disk(1));
+    assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
+    for ts in 11..=15 {
+        post_ok(&s.url("/api/v1/write"), one("reload_queued", &[], 1.0, ts)).await;
+    }
+    s.write_config(&disk(2));
+    assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
+    status.store(204, std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got.lock().unwrap().len() < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the new queue did not replay: {}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*got.lock().unwrap(), vec![11, 12, 13, 14, 15]);
 }
