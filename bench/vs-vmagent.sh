@@ -28,9 +28,27 @@ promnorm_case() { # case config
     --ingest-metric promnorm_samples_received_total \
     --sent-metric promnorm_samples_forwarded_total "${common[@]}"
 }
+# The same with a queue in front of the sink: the config's SINK_URL and QUEUE_DIR are
+# filled in per run.
+promnorm_queue_case() { # case config
+  /usr/bin/python3 "$TOOLS/bench_rw.py" run --case "$1" --sut cmd --sut-port 9201 \
+    --sut-cmd "sed -e 's#SINK_URL#{sink_url}#' -e 's#QUEUE_DIR#{tmp}/queue#' $PWD/$2 >{tmp}/promnorm.yaml && exec $BIN serve --config {tmp}/promnorm.yaml --listen 127.0.0.1:{port}" \
+    --sut-ready-url 'http://127.0.0.1:{port}/-/ready' \
+    --sut-metrics-url 'http://127.0.0.1:{port}/metrics' \
+    --ingest-metric promnorm_samples_received_total \
+    --sent-metric promnorm_samples_forwarded_total "${common[@]}"
+}
+# CASES (space-separated) runs a subset, e.g. CASES="promnorm-all-packs promnorm-all-packs-memory-queue".
+want() { [[ -z ${CASES:-} || " $CASES " == *" $1 "* ]]; }
 # Interleaved so that drift of the machine hits both sides alike.
-/usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-relabel --relabel "$TOOLS/relabel.yml" "${common[@]}"
-promnorm_case promnorm-all-packs bench/all-packs.yaml
-/usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-passthrough "${common[@]}"
-promnorm_case promnorm-passthrough bench/passthrough.yaml
+! want vmagent-relabel ||
+  /usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-relabel --relabel "$TOOLS/relabel.yml" "${common[@]}"
+! want promnorm-all-packs || promnorm_case promnorm-all-packs bench/all-packs.yaml
+! want promnorm-all-packs-memory-queue ||
+  promnorm_queue_case promnorm-all-packs-memory-queue bench/all-packs-memory-queue.yaml
+! want promnorm-all-packs-disk-queue ||
+  promnorm_queue_case promnorm-all-packs-disk-queue bench/all-packs-disk-queue.yaml
+! want vmagent-passthrough ||
+  /usr/bin/python3 "$TOOLS/bench_rw.py" run --case vmagent-passthrough "${common[@]}"
+! want promnorm-passthrough || promnorm_case promnorm-passthrough bench/passthrough.yaml
 /usr/bin/python3 "$TOOLS/bench_rw.py" report "$RESULTS"
