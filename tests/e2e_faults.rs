@@ -112,23 +112,6 @@ async fn sender_metric(base: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// The sender's own samples of every series: `i` → timestamps.
-async fn sender_samples(base: &str) -> BTreeMap<String, BTreeSet<i64>> {
-    let url = format!("{base}/api/v1/query?query=fault_test_total%5B10m%5D");
-    let v: serde_json::Value = serde_json::from_str(&get(&url).await.body).unwrap();
-    let mut out: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-    for item in v["data"]["result"].as_array().cloned().unwrap_or_default() {
-        let i = item["metric"]["i"].as_str().unwrap_or_default().to_string();
-        for pair in item["values"].as_array().cloned().unwrap_or_default() {
-            let ts = pair[0].as_f64().unwrap_or_default();
-            out.entry(i.clone())
-                .or_default()
-                .insert((ts * 1000.0).round() as i64);
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_refusing_our_credentials_loses_nothing() {
     let Some(prom) = prometheus_bin() else {
@@ -214,7 +197,7 @@ async fn a_backend_refusing_our_credentials_loses_nothing() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let (sent, scraped, missing) = loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let sent = sender_samples(&base).await;
+        let sent = samples_by_label(&base, "fault_test_total%5B10m%5D", "i").await;
         let got = received.lock().unwrap().clone();
         let (scraped, missing) = missing_of(&sent, &got);
         if (sent.len() == SERIES && missing == 0) || Instant::now() > deadline {

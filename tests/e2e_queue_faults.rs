@@ -14,7 +14,6 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -206,6 +205,31 @@ fn sender(prom: &Path, dir: &Path, target: std::net::SocketAddr, url: &str) -> P
     )
 }
 
+/// Starts a sender scraping a target with `pad` bytes of padding per series into
+/// `proxy`; `queue_extra` adds lines to its `queue_config` (e.g. `retry_on_http_429`).
+async fn start_sender(
+    prom: &Path,
+    dir: &Path,
+    pad: usize,
+    proxy: &Proc,
+    queue_extra: &str,
+) -> Proc {
+    let mut snd = sender(
+        prom,
+        dir,
+        target(pad).await,
+        &format!("{}/api/v1/write", proxy.base),
+    );
+    if !queue_extra.is_empty() {
+        let cfg = dir.join("sender.yml");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let extra = format!("      {queue_extra}\n      min_backoff:");
+        std::fs::write(&cfg, text.replace("      min_backoff:", &extra)).unwrap();
+    }
+    snd.start("/-/ready").await;
+    snd
+}
+
 /// A real `promnorm serve` with `backends_yaml` (a YAML list).
 fn promnorm(dir: &Path, backends_yaml: &str) -> Proc {
     let port = free_port();
@@ -224,24 +248,11 @@ fn promnorm(dir: &Path, backends_yaml: &str) -> Proc {
     )
 }
 
-type Samples = BTreeMap<String, BTreeSet<i64>>;
+type Samples = SamplesByLabel;
 
 /// Every sample of `qf_total` a server holds for the last 15 minutes: `i` → timestamps.
 async fn samples_at(base: &str) -> Samples {
-    let url = format!("{base}/api/v1/query?query=qf_total%5B15m%5D");
-    let body = get(&url).await.body;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let mut out = Samples::new();
-    for item in v["data"]["result"].as_array().cloned().unwrap_or_default() {
-        let i = item["metric"]["i"].as_str().unwrap_or_default().to_string();
-        for pair in item["values"].as_array().cloned().unwrap_or_default() {
-            let ts = pair[0].as_f64().unwrap_or_default();
-            out.entry(i.clone())
-                .or_default()
-                .insert((ts * 1000.0).round() as i64);
-        }
-    }
-    out
+    samples_by_label(base, "qf_total%5B15m%5D", "i").await
 }
 
 async fn metric(base: &str, name: &str, filter: &str) -> f64 {
@@ -341,13 +352,7 @@ async fn receiver_down_then_back(queue: &str, vm: bool) {
         ),
     );
     proxy.start("/-/ready").await;
-    let mut snd = sender(
-        &prom,
-        &dir,
-        target(0).await,
-        &format!("{}/api/v1/write", proxy.base),
-    );
-    snd.start("/-/ready").await;
+    let snd = start_sender(&prom, &dir, 0, &proxy, "").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     receiver.kill();
     tokio::time::sleep(outage()).await;
@@ -404,13 +409,7 @@ async fn promnorm_killed_with_a_disk_queue_loses_nothing() {
         ),
     );
     proxy.start("/-/ready").await;
-    let mut snd = sender(
-        &prom,
-        &dir,
-        target(0).await,
-        &format!("{}/api/v1/write", proxy.base),
-    );
-    snd.start("/-/ready").await;
+    let snd = start_sender(&prom, &dir, 0, &proxy, "").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     receiver.kill();
     tokio::time::sleep(outage() / 2).await;
@@ -459,13 +458,7 @@ async fn one_dead_backend_of_two() {
             ),
         );
         proxy.start("/-/ready").await;
-        let mut snd = sender(
-            &prom,
-            &dir,
-            target(0).await,
-            &format!("{}/api/v1/write", proxy.base),
-        );
-        snd.start("/-/ready").await;
+        let snd = start_sender(&prom, &dir, 0, &proxy, "").await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         dead.kill();
         let end = Instant::now() + outage();
@@ -529,25 +522,12 @@ async fn a_full_queue_makes_the_sender_retry_and_loses_nothing() {
         );
         proxy.start("/-/ready").await;
         // ~1 KB of incompressible label per series: the 1 MiB queue fills in seconds.
-        let mut snd = sender(
-            &prom,
-            &dir,
-            target(1000).await,
-            &format!("{}/api/v1/write", proxy.base),
-        );
-        if sender_429 {
-            let cfg = dir.join("sender.yml");
-            let text = std::fs::read_to_string(&cfg).unwrap();
-            std::fs::write(
-                &cfg,
-                text.replace(
-                    "      min_backoff:",
-                    "      retry_on_http_429: true\n      min_backoff:",
-                ),
-            )
-            .unwrap();
-        }
-        snd.start("/-/ready").await;
+        let extra = if sender_429 {
+            "retry_on_http_429: true"
+        } else {
+            ""
+        };
+        let snd = start_sender(&prom, &dir, 1000, &proxy, extra).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         receiver.kill();
         tokio::time::sleep(outage()).await;
@@ -642,13 +622,7 @@ async fn a_rejected_request_is_dropped_and_counted_and_the_rest_flow() {
         ),
     );
     proxy.start("/-/ready").await;
-    let mut snd = sender(
-        &prom,
-        &dir,
-        target(0).await,
-        &format!("{}/api/v1/write", proxy.base),
-    );
-    snd.start("/-/ready").await;
+    let snd = start_sender(&prom, &dir, 0, &proxy, "").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(6)).await;

@@ -88,12 +88,33 @@ impl AppState {
         Ok(())
     }
 
-    /// Lets every queue deliver what it holds within `within`, then stops it.
+    /// Lets every queue deliver what it holds within `within` (all of them together),
+    /// then stops it.
     pub async fn stop_queues(&self, within: Duration) {
-        let stops: Vec<_> = self.forwarder.sinks().map(|s| s.stop(within)).collect();
-        for stop in stops {
-            stop.await;
-        }
+        let mut stops: Vec<_> = self
+            .forwarder
+            .sinks()
+            .map(|s| Some(s.stop(within)))
+            .collect();
+        // Concurrently: a dead backend's queue does not eat another's time to drain.
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for slot in stops.iter_mut() {
+                if let Some(f) = slot {
+                    if f.as_mut().poll(cx).is_ready() {
+                        *slot = None;
+                    } else {
+                        pending = true;
+                    }
+                }
+            }
+            if pending {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await;
     }
 
     /// Starts the derived-series writer (when derived series are on) on the current

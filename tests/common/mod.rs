@@ -270,3 +270,28 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Timestamps by series: the value of one label → every sample's timestamp (ms).
+pub type SamplesByLabel = std::collections::BTreeMap<String, std::collections::BTreeSet<i64>>;
+
+/// Every sample a Prometheus-compatible server (Prometheus, VictoriaMetrics) holds for
+/// `selector` (a range selector, e.g. `qf_total[15m]`, URL-encoded), keyed by the value
+/// of `label`.
+pub async fn samples_by_label(base: &str, selector: &str, label: &str) -> SamplesByLabel {
+    let url = format!("{base}/api/v1/query?query={selector}");
+    let v: serde_json::Value = serde_json::from_str(&get(&url).await.body).unwrap_or_default();
+    let mut out = SamplesByLabel::new();
+    for item in v["data"]["result"].as_array().cloned().unwrap_or_default() {
+        let key = item["metric"][label]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        for pair in item["values"].as_array().cloned().unwrap_or_default() {
+            let ts = pair[0].as_f64().unwrap_or_default();
+            out.entry(key.clone())
+                .or_default()
+                .insert((ts * 1000.0).round() as i64);
+        }
+    }
+    out
+}
