@@ -147,6 +147,49 @@ fn a_url_without_a_path_is_accepted_with_a_warning() {
 }
 
 #[test]
+fn queues_are_checked_like_serve_opens_them() {
+    // A disk queue whose filesystem cannot hold max_bytes: accepted, with a warning.
+    let f = tmp(
+        "big-queue.yaml",
+        "backends:\n  - url: http://x/api/v1/write\n    queue: {type: disk, dir: q, max_bytes: 1125899906842624}\n",
+    );
+    let (ok, _, err) = promnorm(&["check-config", &f]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("less than queue.max_bytes 1125899906842624"),
+        "{err}"
+    );
+    // Refused, with positions: no dir, a dir two backends share, shards out of range.
+    for (name, text, want) in [
+        (
+            "no-dir.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    queue: {type: disk}\n",
+            "no-dir.yaml:3:19: backend default: a disk queue needs queue.dir",
+        ),
+        (
+            "shared-dir.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    queue: {type: disk, dir: q}\n  - url: http://y/api/v1/write\n    queue: {type: disk, dir: q}\n",
+            "is used by another backend",
+        ),
+        (
+            "shards.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    queue: {type: memory, shards: 0}\n",
+            "shards.yaml:3:35: backend default: queue.shards must be from 1 to 256",
+        ),
+        (
+            "status.yaml",
+            "server: {throttle_status: 500}\n",
+            "status.yaml:1:27: server.throttle_status must be 429 or 503",
+        ),
+    ] {
+        let f = tmp(name, text);
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        assert!(!ok, "{name} accepted");
+        assert!(err.contains(want), "{name}: {err}");
+    }
+}
+
+#[test]
 fn errors_are_said_once() {
     let f = tmp(
         "typo.yaml",
