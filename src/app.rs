@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 
-use crate::config::{BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, yaml};
+use crate::config::{
+    BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config, ConfigError, yaml,
+};
 use crate::forward::{
-    BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
+    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend, Sink, TlsOptions,
 };
 use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
 
@@ -266,6 +268,11 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
         tls: TlsOptions {
             ca_file: cfg.tls.ca_file.clone(),
             insecure_skip_verify: cfg.tls.insecure_skip_verify,
+        },
+        protocol: match cfg.protocol {
+            BackendProtocolConfig::V1 => BackendProtocol::V1,
+            BackendProtocolConfig::V2 => BackendProtocol::V2,
+            BackendProtocolConfig::Auto => BackendProtocol::Auto,
         },
     })
 }

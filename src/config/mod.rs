@@ -251,6 +251,23 @@ pub struct BackendConfig {
     pub bearer_token: Option<Secret>,
     #[serde(default)]
     pub tls: TlsConfig,
+    /// Remote-write version sent to this backend: `v1`, `v2`, or `auto` (2.0 until the
+    /// backend shows it speaks only 1.0, then 1.0 for good).
+    #[serde(default)]
+    pub protocol: BackendProtocolConfig,
+}
+
+/// `backends[].protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendProtocolConfig {
+    /// Remote-write 1.0, what every receiver accepts.
+    #[default]
+    V1,
+    /// Remote-write 2.0.
+    V2,
+    /// 2.0, falling back to 1.0 for good on a `415` or a `2xx` without the written headers.
+    Auto,
 }
 
 impl BackendConfig {
@@ -265,6 +282,7 @@ impl BackendConfig {
             basic_auth: None,
             bearer_token: None,
             tls: TlsConfig::default(),
+            protocol: BackendProtocolConfig::default(),
         }
     }
 

@@ -25,6 +25,12 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The absolute offset of the next byte to read.
+    #[inline]
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
     #[inline]
     pub fn is_done(&self) -> bool {
         self.pos >= self.end

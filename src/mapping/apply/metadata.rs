@@ -64,13 +64,13 @@ impl Mapper {
             }
             let Some(plan) = plan else {
                 if self.first_meta(family.as_bytes()) {
-                    write_raw_metadata(out, md.raw.bytes(buf));
+                    write_input_metadata(out, md, buf);
                     self.stats.metadata_out += 1;
                 }
                 continue;
             };
             if plan.keep_input && self.first_meta(family.as_bytes()) {
-                write_raw_metadata(out, md.raw.bytes(buf));
+                write_input_metadata(out, md, buf);
                 self.stats.metadata_out += 1;
             }
             for o in &plan.outputs {
@@ -100,5 +100,32 @@ impl Mapper {
         let mut h = self.hasher.build_hasher();
         h.write(name);
         self.meta_seen.insert(h.finish())
+    }
+}
+
+/// Writes an input's metadata as received: its own bytes for 1.0, rebuilt from its fields
+/// for metadata that came with 2.0 series (it has no 1.0 bytes).
+fn write_input_metadata(out: &mut Vec<u8>, md: &crate::wire::decode::MetadataView, buf: &[u8]) {
+    if md.raw.is_empty() {
+        write_metadata(
+            out,
+            md.metric_type,
+            md.family.bytes(buf),
+            md.help.bytes(buf),
+            md.unit.bytes(buf),
+        );
+    } else {
+        write_raw_metadata(out, md.raw.bytes(buf));
+    }
+}
+
+impl Mapper {
+    /// The metadata `_total` fix for a 2.0 series whose own metadata says COUNTER: no
+    /// learning across requests needed. Same conditions as for learnt families.
+    pub(super) fn series_total_fix(&mut self, s: &SeriesView, name: &str) -> Option<Resolved> {
+        if s.metric_type != crate::wire::decode_v2::TYPE_COUNTER || name.ends_with("_total") {
+            return None;
+        }
+        Some(self.total_fix_plan(name))
     }
 }

@@ -229,7 +229,10 @@ impl Mapper {
         }
         for s in &req.series {
             let name = s.name.str(buf);
-            let resolution = self.resolve(rules, name);
+            let resolution = match self.resolve(rules, name) {
+                None if ctx.counters.is_some() => self.series_total_fix(s, name),
+                r => r,
+            };
             match resolution {
                 None if s.canonical => {
                     write_raw_series(out, s.raw.bytes(buf));
@@ -296,8 +299,13 @@ impl Mapper {
         if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
             return None;
         }
+        Some(self.total_fix_plan(name))
+    }
+
+    /// The plan that gives `name` the suffix `_total` (cached per name).
+    fn total_fix_plan(&mut self, name: &str) -> Resolved {
         if let Some(p) = self.total_fix_plans.get(name) {
-            return Some(Resolved::Plan(p.clone()));
+            return Resolved::Plan(p.clone());
         }
         let plan = Arc::new(Plan {
             steps: vec![Step {
@@ -311,7 +319,7 @@ impl Mapper {
             copies: Vec::new(),
         });
         self.total_fix_plans.insert(name, plan.clone());
-        Some(Resolved::Plan(plan))
+        Resolved::Plan(plan)
     }
 
     #[inline]
