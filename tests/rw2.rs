@@ -8,6 +8,7 @@ mod common;
 mod rw2;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -1038,4 +1039,85 @@ async fn v1_backend_keeps_getting_1_0_from_a_2_0_sender() {
         .map(Canon::without_start)
         .collect();
     assert_eq!(canon_v1(&decode(&reqs[0].1)), want);
+}
+
+#[tokio::test]
+async fn derived_series_reach_a_2_0_backend_as_2_0() {
+    let (b, rec) = v2_backend().await;
+    let p = start_proxy(
+        &[],
+        &format!(
+            "{}derived:\n  flush_interval: 20ms\n",
+            backend_yaml(&b, "v2")
+        ),
+    )
+    .await;
+    // A 2.0 sender's scrapes of one engine's prefix-cache counters.
+    for k in 0..4i64 {
+        let ts = 1_700_000_000_000 + k * 15_000;
+        let mut sym = Symbols::default();
+        let hits = sym.refs(&[
+            ("__name__", "vllm:prefix_cache_hits_total"),
+            ("engine", "0"),
+        ]);
+        let queries = sym.refs(&[
+            ("__name__", "vllm:prefix_cache_queries_total"),
+            ("engine", "0"),
+        ]);
+        let s = |v: f64| {
+            vec![v2::Sample {
+                value: v,
+                timestamp: ts,
+                start_timestamp: 0,
+            }]
+        };
+        let req = v2::Request {
+            timeseries: vec![
+                v2::TimeSeries {
+                    labels_refs: hits,
+                    samples: s(10.0 * k as f64),
+                    ..Default::default()
+                },
+                v2::TimeSeries {
+                    labels_refs: queries,
+                    samples: s(40.0 * k as f64),
+                    ..Default::default()
+                },
+            ],
+            symbols: sym.list,
+        };
+        let r = post(&p.url(), encode_v2(&req), RW2_HEADERS).await;
+        assert_eq!(r.status, 204, "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let ratios = loop {
+        let ratios: Vec<(i64, f64)> = rec
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(h, body)| {
+                assert!(is_v2(h), "every request to a v2 backend is 2.0: {h:?}");
+                decode_v2(body)
+            })
+            .flat_map(|req| {
+                canon_v2(&req).into_iter().filter(|c| {
+                    c.labels
+                        .iter()
+                        .any(|(n, v)| n == "__name__" && v == "vllm:prefix_cache_hit_ratio")
+                })
+            })
+            .flat_map(|c| c.samples)
+            .map(|(bits, ts, _)| (ts, f64::from_bits(bits)))
+            .collect();
+        if ratios.len() >= 3 || tokio::time::Instant::now() > deadline {
+            break ratios;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        ratios.len() >= 3,
+        "derived ratios at the 2.0 backend: {ratios:?}"
+    );
+    assert!(ratios.iter().all(|&(_, v)| v == 0.25), "{ratios:?}");
 }
