@@ -468,3 +468,114 @@ fn decode_histogram_v2(buf: &[u8], start: usize, end: usize) -> Result<(i64, i64
     }
     Ok((timestamp, start_ts))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::proto::write_v2 as v2;
+    use prost::Message;
+
+    fn request(refs_packed: bool) -> Vec<u8> {
+        let req = v2::Request {
+            symbols: vec![
+                "".into(),
+                "__name__".into(),
+                "http_seconds_bucket".into(),
+                "le".into(),
+                "0.5".into(),
+                "Latency.".into(),
+            ],
+            timeseries: vec![v2::TimeSeries {
+                labels_refs: vec![3, 4, 1, 2],
+                samples: vec![v2::Sample {
+                    value: 2.0,
+                    timestamp: 10,
+                    start_timestamp: 0,
+                }],
+                metadata: Some(v2::Metadata {
+                    r#type: 3,
+                    help_ref: 5,
+                    unit_ref: 0,
+                }),
+                created_timestamp: 4,
+                ..Default::default()
+            }],
+        };
+        let bytes = req.encode_to_vec();
+        if refs_packed {
+            return bytes;
+        }
+        // The same request with unpacked label refs (each its own varint field).
+        let mut ts = Vec::new();
+        for r in [3u8, 4, 1, 2] {
+            ts.extend_from_slice(&[0x08, r]);
+        }
+        let mut rest = req.timeseries[0].clone();
+        rest.labels_refs.clear();
+        ts.extend_from_slice(&rest.encode_to_vec());
+        let mut out = Vec::new();
+        for s in &req.symbols {
+            out.push(0x22);
+            out.push(s.len() as u8);
+            out.extend_from_slice(s.as_bytes());
+        }
+        out.push(0x2a);
+        out.push(ts.len() as u8);
+        out.extend_from_slice(&ts);
+        out
+    }
+
+    #[test]
+    fn packed_and_unpacked_refs_decode_alike() {
+        for packed in [true, false] {
+            let buf = request(packed);
+            let mut d = DecodedRequest::default();
+            d.decode_v2(&buf, DecodeLimits::default()).unwrap();
+            assert!(d.v2);
+            assert_eq!(d.series.len(), 1);
+            let s = d.series[0];
+            assert!(!s.canonical, "2.0 series are always rebuilt");
+            assert_eq!(s.name.str(&buf), "http_seconds_bucket");
+            assert_eq!(s.metric_type, 3);
+            // Sorted by name: __name__ first.
+            let names: Vec<&str> = d.labels.iter().map(|l| l.name.str(&buf)).collect();
+            assert_eq!(names, ["__name__", "le"]);
+            // created_timestamp becomes the samples' start timestamp.
+            assert_eq!(d.samples[0].start_timestamp, 4);
+            assert!(d.has_start_timestamps);
+            // One MetricMetadata for the family, without the histogram suffix.
+            assert_eq!(d.metadata.len(), 1);
+            assert_eq!(d.metadata[0].family.str(&buf), "http_seconds");
+            assert_eq!(d.metadata[0].help.str(&buf), "Latency.");
+            assert!(d.metadata[0].raw.is_empty());
+        }
+    }
+
+    #[test]
+    fn family_names_by_type() {
+        assert_eq!(family_of(b"x_bucket", TYPE_HISTOGRAM), b"x");
+        assert_eq!(family_of(b"x_sum", TYPE_SUMMARY), b"x");
+        assert_eq!(family_of(b"x_bucket", TYPE_SUMMARY), b"x_bucket");
+        assert_eq!(family_of(b"x_total", TYPE_COUNTER), b"x_total");
+        assert_eq!(family_of(b"_count", TYPE_HISTOGRAM), b"_count");
+    }
+
+    #[test]
+    fn limits_apply_to_2_0_too() {
+        let buf = request(true);
+        let mut d = DecodedRequest::default();
+        let limits = DecodeLimits {
+            max_labels_per_series: 1,
+            ..DecodeLimits::default()
+        };
+        assert!(matches!(
+            d.decode_v2(&buf, limits),
+            Err(DecodeError::TooManyLabels(1))
+        ));
+        let limits = DecodeLimits {
+            max_series: 0,
+            ..DecodeLimits::default()
+        };
+        assert!(d.decode_v2(&buf, limits).unwrap_err().is_too_large());
+    }
+}

@@ -586,3 +586,98 @@ pub fn strip_v2(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::encode::{SeriesWriter, write_metadata};
+    use crate::wire::proto::prometheus as pb;
+    use crate::wire::proto::write_v2 as v2;
+    use prost::Message;
+
+    /// A mapped body: `n` series, each with its own label value, one sample with a start
+    /// timestamp, and one metadata entry.
+    fn mapped(n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for i in 0..n {
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"__name__", b"requests_total");
+            w.label(b"id", i.to_string().as_bytes());
+            w.sample_view(&crate::wire::decode::SampleView {
+                value_bits: (i as f64).to_bits(),
+                timestamp: 1000 + i as i64,
+                start_timestamp: 7,
+            });
+            w.finish(&mut out);
+        }
+        write_metadata(&mut out, 1, b"requests", b"Requests.", b"");
+        out
+    }
+
+    #[test]
+    fn symbols_table_grows_and_deduplicates() {
+        let body = mapped(3000);
+        let mut enc = V2Encoder::new();
+        let mut out = Vec::new();
+        let w = enc.encode(&body, None, &mut out).unwrap();
+        assert_eq!(w.series, 3000);
+        let req = v2::Request::decode(out.as_slice()).unwrap();
+        // "", "__name__", "requests_total", "id", 3000 ids, "Requests.".
+        assert_eq!(req.symbols.len(), 3000 + 5);
+        assert_eq!(req.symbols[0], "");
+        for (i, ts) in req.timeseries.iter().enumerate() {
+            let labels: Vec<&str> = ts
+                .labels_refs
+                .iter()
+                .map(|&r| req.symbols[r as usize].as_str())
+                .collect();
+            assert_eq!(labels, ["__name__", "requests_total", "id", &i.to_string()]);
+            assert_eq!(ts.samples[0].start_timestamp, 7);
+            // `requests_total` is the COUNTER family `requests`.
+            let md = ts.metadata.unwrap();
+            assert_eq!(md.r#type, 1);
+            assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+        }
+        // Warm: the same again gives the same bytes.
+        let first = out.clone();
+        enc.encode(&body, None, &mut out).unwrap();
+        assert_eq!(out, first);
+    }
+
+    #[test]
+    fn strip_removes_start_timestamps_only() {
+        let body = mapped(2);
+        let mut out = Vec::new();
+        strip_v2(&body, &mut out, &mut StripScratch::default()).unwrap();
+        let req = pb::WriteRequest::decode(out.as_slice()).unwrap();
+        assert_eq!(req.encode_to_vec(), out, "nothing unknown to 1.0 is left");
+        assert_eq!(req.timeseries.len(), 2);
+        assert_eq!(req.timeseries[1].samples[0].timestamp, 1001);
+        assert_eq!(req.metadata.len(), 1);
+    }
+
+    #[test]
+    fn metadata_is_remembered_only_when_new() {
+        let body = mapped(1);
+        let mut enc = V2Encoder::new();
+        let mut out = Vec::new();
+        let mut memory = MetadataMemory::default();
+        enc.encode(&body, Some(&memory), &mut out).unwrap();
+        assert!(enc.metadata_news(&body, &memory));
+        enc.remember_metadata(&body, &mut memory);
+        assert_eq!(memory.len(), 1);
+        assert!(!enc.metadata_news(&body, &memory));
+        // A later request without metadata gets it from memory.
+        let mut scratch = Vec::new();
+        let mut plain = Vec::new();
+        let mut w = SeriesWriter::new(&mut scratch);
+        w.label(b"__name__", b"requests_total");
+        w.sample(0, 1);
+        w.finish(&mut plain);
+        enc.encode(&plain, Some(&memory), &mut out).unwrap();
+        let req = v2::Request::decode(out.as_slice()).unwrap();
+        let md = req.timeseries[0].metadata.unwrap();
+        assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+    }
+}
