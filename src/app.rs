@@ -3,8 +3,6 @@
 //! validation; the stages never see configuration types. This is the only module that
 //! knows both.
 
-use std::sync::Arc;
-
 use crate::config::{
     BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config, ConfigError, yaml,
 };
@@ -53,13 +51,22 @@ impl Assemble for Config {
             return Ok(None);
         }
         if d.max_series == 0 || d.max_pending_samples == 0 {
-            return Err(BuildError::from(ConfigError::Invalid(
-                "derived: max_series and max_pending_samples must be positive".into(),
+            let key = if d.max_series == 0 {
+                "max_series"
+            } else {
+                "max_pending_samples"
+            };
+            return Err(BuildError::from(self.invalid_at(
+                key,
+                "0",
+                "derived: max_series and max_pending_samples must be positive",
             )));
         }
         if d.window.is_some_and(|w| w.is_zero()) {
-            return Err(BuildError::from(ConfigError::Invalid(
-                "derived: window must be positive".into(),
+            return Err(BuildError::from(self.invalid_at(
+                "window",
+                "0",
+                "derived: window must be positive",
             )));
         }
         let mut peaks = Vec::new();
@@ -67,14 +74,12 @@ impl Assemble for Config {
             let gpu = match &p.gpu {
                 None => None,
                 Some(model) => Some(crate::derive::gpus::lookup(model).ok_or_else(|| {
-                    self.invalid_at(
-                        "gpu",
-                        model,
-                        format!(
-                            "derived.peaks[{i}]: unknown gpu {model:?} (known: {}); give flops and bandwidth as numbers instead",
-                            crate::derive::gpus::known_names().join(", ")
-                        ),
-                    )
+                    ConfigError::UnknownGpu {
+                        at: self.position("gpu", model),
+                        index: i,
+                        model: model.clone(),
+                        known: crate::derive::gpus::known_names().join(", "),
+                    }
                 })?),
             };
             let flops = p.flops.or(gpu.map(|g| g.flops));
@@ -83,15 +88,19 @@ impl Assemble for Config {
                 if let Some(v) = v
                     && !(v.is_finite() && v > 0.0)
                 {
-                    return Err(BuildError::from(ConfigError::Invalid(format!(
-                        "derived.peaks[{i}]: {what} must be a positive number, not {v}"
-                    ))));
+                    return Err(BuildError::from(self.invalid_at(
+                        what,
+                        &v.to_string(),
+                        format!("derived.peaks[{i}]: {what} must be a positive number, not {v}"),
+                    )));
                 }
             }
             if flops.is_none() && bandwidth.is_none() {
-                return Err(BuildError::from(ConfigError::Invalid(format!(
-                    "derived.peaks[{i}]: needs gpu, flops or bandwidth"
-                ))));
+                return Err(BuildError::from(self.invalid_at(
+                    "peaks",
+                    "",
+                    format!("derived.peaks[{i}]: needs gpu, flops or bandwidth"),
+                )));
             }
             peaks.push(crate::derive::Peak {
                 matchers: p
@@ -159,14 +168,11 @@ impl Assemble for Config {
         if let BuiltinPacks::Select(m) = &self.packs.builtin {
             for name in m.keys() {
                 if !known.contains(&name.as_str()) {
-                    return Err(BuildError::Config(self.invalid_at(
-                        "builtin",
-                        name,
-                        format!(
-                            "unknown built-in pack {name:?} (known: {})",
-                            known.join(", ")
-                        ),
-                    )));
+                    return Err(BuildError::Config(ConfigError::UnknownPack {
+                        at: self.position("builtin", name),
+                        name: name.clone(),
+                        known: known.join(", "),
+                    }));
                 }
             }
         }
@@ -195,10 +201,9 @@ impl Assemble for Config {
         let mut seen = std::collections::BTreeSet::new();
         for p in &packs {
             if !seen.insert(p.pack.clone()) {
-                return Err(BuildError::from(ConfigError::Invalid(format!(
-                    "two packs are named {:?}",
-                    p.pack
-                ))));
+                return Err(BuildError::from(ConfigError::DuplicatePack {
+                    name: p.pack.clone(),
+                }));
             }
         }
         let with_opts = packs
@@ -237,13 +242,21 @@ pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
 /// The backend options `forward` needs, resolved from configuration (secrets read).
 pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptions, BuildError> {
     let name = cfg.name_or_default(index);
-    let url = crate::config::parse_backend_url(&cfg.url)?;
+    let url = crate::config::parse_backend_url(&cfg.url).map_err(|source| ConfigError::Url {
+        at: String::new(),
+        source,
+    })?;
+    let secret_error = |source| ConfigError::Secret {
+        at: String::new(),
+        owner: format!("backend {name}"),
+        source,
+    };
     // Credentials written in the URL become basic auth: the URL itself is then safe to
     // log, and hyper never sees them.
     let basic = match (&cfg.basic_auth, url.userinfo) {
         (Some(b), _) => Some(BasicCredentials {
             username: b.username.clone(),
-            password: b.password.read()?,
+            password: b.password.read().map_err(secret_error)?,
         }),
         (None, Some((username, password))) => Some(BasicCredentials { username, password }),
         (None, None) => None,
@@ -252,7 +265,8 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
         .bearer_token
         .as_ref()
         .map(|t| t.read().map(|t| t.trim().to_string()))
-        .transpose()?;
+        .transpose()
+        .map_err(secret_error)?;
     Ok(BackendOptions {
         name,
         url: url.uri,
@@ -299,49 +313,70 @@ pub fn app_state_with(
     rules: Rules,
     forwarder: crate::forward::Forwarder,
 ) -> Result<crate::server::AppState, BuildError> {
-    let ingest_token = cfg
-        .ingest_auth
-        .as_ref()
-        .map(|a| a.bearer_token.read().map(|t| t.trim().to_string()))
-        .transpose()?;
     let pipeline = cfg.pipeline_with(rules)?;
     Ok(crate::server::AppState::new(
         pipeline,
         forwarder,
-        crate::server::ServerOptions {
-            derived_flush: cfg.derived.flush_interval,
-            max_body_bytes: cfg.limits.max_body_bytes,
-            ingest_token,
-            connection_limits: crate::server::listener::ConnectionLimits {
-                header_read_timeout: cfg.server.header_read_timeout,
-                idle_timeout: cfg.server.idle_timeout,
-                max_connections: cfg.server.max_connections,
-            },
-            body_read_timeout: cfg.server.body_read_timeout,
-        },
+        server_options(cfg)?,
     ))
 }
 
+/// The server's own settings of a configuration (the ingest token read).
+pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
+    let ingest_token = cfg
+        .ingest_auth
+        .as_ref()
+        .map(|a| a.bearer_token.read().map(|t| t.trim().to_string()))
+        .transpose()
+        .map_err(|source| ConfigError::Secret {
+            at: String::new(),
+            owner: "ingest_auth".into(),
+            source,
+        })?;
+    Ok(crate::server::ServerOptions {
+        derived_flush: cfg.derived.flush_interval,
+        max_body_bytes: cfg.limits.max_body_bytes,
+        ingest_token,
+        connection_limits: crate::server::listener::ConnectionLimits {
+            header_read_timeout: cfg.server.header_read_timeout,
+            idle_timeout: cfg.server.idle_timeout,
+            max_connections: cfg.server.max_connections,
+        },
+        body_read_timeout: cfg.server.body_read_timeout,
+    })
+}
+
 /// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
-pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let mut state = app_state(&cfg)?;
+/// `SIGHUP` (and `POST /-/reload` when `lifecycle` is on) reloads the configuration from
+/// `source` ([`crate::reload`]).
+pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Result<()> {
+    // SIGHUP's default action ends the process: take it over before anything else.
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;
+    let cfg = source.load()?;
     let addr = crate::config::parse_listen(&cfg.listen)
         .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
+    let fit = crate::server::listener::connections_allowed_by_fd_limit()
+        .filter(|fit| *fit < cfg.server.max_connections);
+    let reloader = crate::reload::Reloader::start(cfg.clone(), source, lifecycle, |state| {
+        if let Some(fit) = fit {
+            tracing::warn!(
+                configured = cfg.server.max_connections,
+                allowed = fit,
+                "server.max_connections lowered to stay below the open-file limit"
+            );
+            state.connection_limits.max_connections = fit;
+        }
+    })?;
     for w in cfg.warnings() {
         tracing::warn!("{w}");
     }
     let listener = crate::server::listener::bind(addr, cfg.server.listen_backlog)
         .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
-    if let Some(fit) = crate::server::listener::connections_allowed_by_fd_limit()
-        && fit < cfg.server.max_connections
-    {
-        tracing::warn!(
-            configured = cfg.server.max_connections,
-            allowed = fit,
-            "server.max_connections lowered to stay below the open-file limit"
-        );
-        state.connection_limits.max_connections = fit;
-    }
+    crate::telemetry::config_loaded(true);
+    let live = reloader.live();
+    let state = live.current();
     tracing::info!(
         listen = %addr,
         backends = ?cfg
@@ -351,22 +386,23 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
             .collect::<Vec<_>>(),
         packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        lifecycle,
         "promnorm serving"
     );
-    let state = Arc::new(state);
-    let background = state.spawn_background();
-    let app = crate::server::router(state.clone(), &cfg.write_paths);
+    #[cfg(unix)]
+    let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
+    let app = crate::server::router_live(live, &cfg.write_paths);
     crate::server::run(
         listener,
-        state.clone(),
+        state,
         app,
         crate::server::shutdown_signal(),
         cfg.shutdown_timeout,
     )
     .await?;
-    state
-        .stop_background(background, cfg.shutdown_timeout)
-        .await;
+    #[cfg(unix)]
+    hangup_task.abort();
+    reloader.stop(cfg.shutdown_timeout).await;
     tracing::info!("stopped");
     Ok(())
 }

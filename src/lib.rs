@@ -13,6 +13,7 @@ pub mod forward;
 pub mod mapping;
 pub mod normalize;
 pub mod pipeline;
+pub mod reload;
 pub mod rules_export;
 pub mod server;
 pub mod telemetry;

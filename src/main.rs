@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use promnorm::app::Assemble;
-use promnorm::config::{BackendConfig, Config, LogFormat, parse_duration};
+use promnorm::config::{Config, LogFormat, parse_duration};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +48,9 @@ enum Command {
         /// Log format (`text` or `json`); overrides the file's `log_format`.
         #[arg(long = "log.format", value_parser = ["text", "json"])]
         log_format: Option<String>,
+        /// Allow `POST /-/reload` (as Prometheus' flag); SIGHUP reloads either way.
+        #[arg(long = "web.enable-lifecycle")]
+        web_enable_lifecycle: bool,
     },
     /// Validate a configuration file exactly as `serve` would (secrets, TLS files,
     /// packs); exit 1 on error.
@@ -243,7 +246,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             files,
         } => {
             let cfg = load(config.as_ref())?;
-            let interval = parse_duration(&interval).map_err(anyhow::Error::msg)?;
+            let interval = parse_duration(&interval)?;
             let pipeline = cfg.pipeline()?;
             let mut inputs = Vec::new();
             if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") && files.len() == 1 {
@@ -273,21 +276,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backends,
             log_level,
             log_format,
+            web_enable_lifecycle,
         } => {
-            let mut cfg = load(config.as_ref())?;
-            if let Some(l) = listen {
-                cfg.listen = l;
-            }
-            if !backends.is_empty() {
-                cfg.backends = backends.into_iter().map(BackendConfig::from_url).collect();
-            }
-            if let Some(f) = log_format {
-                cfg.log_format = if f == "json" {
-                    LogFormat::Json
-                } else {
-                    LogFormat::Text
-                };
-            }
+            // Read again, flags applied again, on every reload.
+            let source = promnorm::reload::Source {
+                file: config,
+                listen,
+                backends,
+                log_format: log_format.map(|f| {
+                    if f == "json" {
+                        LogFormat::Json
+                    } else {
+                        LogFormat::Text
+                    }
+                }),
+            };
+            let cfg = source.load()?;
             promnorm::telemetry::init_logging(
                 cfg.log_format == LogFormat::Json,
                 log_level.as_deref(),
@@ -295,7 +299,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(promnorm::app::serve(cfg))?;
+            rt.block_on(promnorm::app::serve(source, web_enable_lifecycle))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -141,6 +141,17 @@ impl Pipeline {
         self
     }
 
+    /// Keeps the counter families `other` learnt, when both have the metadata `_total`
+    /// fix on (a configuration reload: what metadata said stays true).
+    pub fn with_counter_families_of(mut self, other: &Pipeline) -> Self {
+        if self.counters.is_some()
+            && let Some(c) = &other.counters
+        {
+            self.counters = Some(c.clone());
+        }
+        self
+    }
+
     /// Counter families learnt from metadata, when the metadata `_total` fix is on.
     pub fn counter_families(&self) -> Option<&CounterFamilies> {
         self.counters.as_deref()

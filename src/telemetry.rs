@@ -262,6 +262,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ),
     (CONNECTIONS_OPEN, Kind::Gauge, "Open client connections."),
     (
+        CONFIG_RELOAD_SUCCESSFUL,
+        Kind::Gauge,
+        "Whether the last configuration reload (SIGHUP, POST /-/reload) succeeded (1) or kept the running configuration (0).",
+    ),
+    (
+        CONFIG_RELOAD_SUCCESS_TIMESTAMP,
+        Kind::Gauge,
+        "Timestamp of the last successful configuration load (start-up or reload), in seconds since the epoch.",
+    ),
+    (
         BUILD_INFO,
         Kind::Gauge,
         "Version, revision and rustc of this binary (value 1).",
@@ -288,6 +298,9 @@ pub const BACKEND_MISCONFIGURED: &str = "promnorm_backend_misconfigured";
 pub const BACKEND_V1_FALLBACK: &str = "promnorm_backend_remote_write_v1_fallback";
 pub const CONNECTIONS_OPEN: &str = "promnorm_http_connections_open";
 pub const BUILD_INFO: &str = "promnorm_build_info";
+pub const CONFIG_RELOAD_SUCCESSFUL: &str = "promnorm_config_last_reload_successful";
+pub const CONFIG_RELOAD_SUCCESS_TIMESTAMP: &str =
+    "promnorm_config_last_reload_success_timestamp_seconds";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -345,6 +358,18 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
 /// A `protocol: auto` backend turned out to speak only 1.0.
 pub fn backend_protocol_fallback(backend: &str) {
     metrics::gauge!(BACKEND_V1_FALLBACK, "backend" => backend.to_string()).set(1.0);
+}
+
+/// The outcome of loading the configuration (start-up or reload), as Prometheus writes
+/// `prometheus_config_last_reload_*`: a failure leaves the success timestamp as it was.
+pub fn config_loaded(success: bool) {
+    metrics::gauge!(CONFIG_RELOAD_SUCCESSFUL).set(if success { 1.0 } else { 0.0 });
+    if success {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        metrics::gauge!(CONFIG_RELOAD_SUCCESS_TIMESTAMP).set(now);
+    }
 }
 
 pub fn connections_open() -> metrics::Gauge {

@@ -17,6 +17,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "pipeline",
             "server",
             "app",
+            "reload",
             "telemetry",
             "normalize",
             "explain",
@@ -33,6 +34,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "pipeline",
             "server",
             "app",
+            "reload",
             "telemetry",
             "normalize",
             "explain",
@@ -48,6 +50,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "pipeline",
             "server",
             "app",
+            "reload",
             "normalize",
             "explain",
         ],
@@ -59,6 +62,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "pipeline",
             "server",
             "app",
+            "reload",
             "normalize",
             "explain",
         ],
@@ -72,18 +76,32 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "pipeline",
             "server",
             "app",
+            "reload",
             "normalize",
             "explain",
         ],
     ),
     (
         "pipeline",
-        &["config", "forward", "server", "app", "normalize", "explain"],
+        &[
+            "config",
+            "forward",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+        ],
     ),
-    ("server", &["config", "app", "normalize", "explain"]),
+    (
+        "server",
+        &["config", "app", "reload", "normalize", "explain"],
+    ),
     (
         "telemetry",
-        &["config", "derive", "forward", "pipeline", "server", "app"],
+        &[
+            "config", "derive", "forward", "pipeline", "server", "app", "reload",
+        ],
     ),
 ];
 
@@ -188,4 +206,12 @@ fn every_mapping_file_is_a_built_in_pack() {
         .map(|(n, _)| n.to_string())
         .collect();
     assert_eq!(on_disk, built_in);
+    // A pack is named by its file: the declared name must agree.
+    for (name, text) in promnorm::config::BUILTIN_PACKS {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_end() == format!("pack: {name}")),
+            "mappings/{name}.yaml does not declare `pack: {name}`"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The operations assets under `deploy/` checked against the code they describe:
 //! every metric of promnorm's own (`promnorm_*`, `process_*`) a dashboard or alert
-//! queries is one `src/` emits (a renamed metric breaks this test); the inference dashboard queries only names promnorm
+//! queries is one `src/` emits (a renamed metric breaks this test), and is in the
+//! `/metrics` of a running `promnorm serve` (a live scrape); the inference dashboard queries only names promnorm
 //! writes after normalisation (golden outputs, packs, README's derived series), never a
 //! name a pack renames away; the Kubernetes manifests parse, agree with each other
 //! (kustomizations, ports, probes, the HPA's target, the StatefulSet's pod template is the
@@ -8,6 +9,8 @@
 //! configuration in their ConfigMaps passes `Config::validate`. Their schemas are checked
 //! by scripts/test.sh (kubernetes-validate). With `PROMETHEUS_BIN` set (scripts/test.sh
 //! sets it), promtool (beside it) also checks the PromQL and runs the alerts' unit tests.
+
+mod common;
 
 use promnorm::app::Assemble;
 use std::collections::{BTreeMap, BTreeSet};
@@ -290,6 +293,7 @@ fn promnorm_dashboard_queries_only_metrics_promnorm_emits() {
         "promnorm_derived_evictions_total",
         "promnorm_derived_samples_total",
         "promnorm_build_info",
+        "promnorm_config_last_reload_successful",
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",
     ] {
@@ -362,12 +366,141 @@ fn alerts_are_complete_and_use_emitted_metrics() {
         "promnorm_samples_dropped_total",
         "promnorm_derived_evictions_total",
         "promnorm_backend_request_duration_seconds_bucket",
+        "promnorm_config_last_reload_successful",
     ] {
         assert!(
             used.contains(expected),
             "alerts.yml has no alert on {expected}"
         );
     }
+}
+
+/// promnorm's own metric names (`promnorm_*`, `process_*`) in `exprs`.
+fn own_metric_names<'a>(exprs: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
+    exprs
+        .into_iter()
+        .flat_map(|e| {
+            identifiers(&without_strings(e))
+                .into_iter()
+                .filter(|n| n.starts_with("promnorm_") || n.starts_with("process_"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Every metric promnorm's dashboard and alerts query is in the `/metrics` of a real
+/// `promnorm serve` that has forwarded one request and derived one sample (the
+/// per-backend series appear with the first backend answer). The test above checks the
+/// names against the source; this one against what a running process exports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alert_metrics_are_in_a_live_scrape() {
+    use common::{RW_HEADERS, Reply, encode, fake_backend, free_port, get, post, series};
+    use promnorm::wire::proto::prometheus as pb;
+
+    let dashboard_rel = "deploy/grafana/promnorm.json";
+    let dashboard = json(dashboard_rel);
+    let alerts = yaml("deploy/prometheus/alerts.yml");
+    let mut exprs: Vec<String> = dashboard_queries(dashboard_rel, &dashboard)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    for g in alerts["groups"].as_array().into_iter().flatten() {
+        for r in g["rules"].as_array().into_iter().flatten() {
+            exprs.extend(r["expr"].as_str().map(str::to_string));
+        }
+    }
+    let used = own_metric_names(exprs.iter().map(String::as_str));
+    assert!(used.len() >= 20, "too few names found: {used:?}");
+
+    let (backend, _rec) = fake_backend(Reply::ok()).await;
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("promnorm-scrape-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("promnorm.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen: 127.0.0.1:{port}\nderived: {{flush_interval: 50ms}}\nbackends:\n  - url: {backend}\n"
+        ),
+    )
+    .unwrap();
+    let _served = common::Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_promnorm"))
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn promnorm"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "promnorm did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Two points of a derived ratio's inputs: forwarded, and one derived sample.
+    for (t, hits, queries) in [(1_000, 1.0, 2.0), (16_000, 2.0, 4.0)] {
+        let req = pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[
+                        ("__name__", "vllm:prefix_cache_hits_total"),
+                        ("model_name", "m"),
+                    ],
+                    &[(hits, t)],
+                ),
+                series(
+                    &[
+                        ("__name__", "vllm:prefix_cache_queries_total"),
+                        ("model_name", "m"),
+                    ],
+                    &[(queries, t)],
+                ),
+            ],
+            ..Default::default()
+        };
+        let r = post(&format!("{base}/api/v1/write"), encode(&req), RW_HEADERS).await;
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let scraped = loop {
+        let text = get(&format!("{base}/metrics")).await.body;
+        let mut scraped = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(str::to_string)
+            .collect::<BTreeSet<_>>();
+        // Histogram base names: `F` for `F_bucket`, `F_sum`, `F_count`.
+        let bases: Vec<String> = scraped
+            .iter()
+            .filter_map(|n| {
+                ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| n.strip_suffix(s))
+                    .map(str::to_string)
+            })
+            .collect();
+        scraped.extend(bases);
+        if used.iter().all(|n| scraped.contains(n)) || std::time::Instant::now() > deadline {
+            break scraped;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let missing: Vec<&String> = used.iter().filter(|n| !scraped.contains(*n)).collect();
+    assert!(
+        missing.is_empty(),
+        "queried by deploy/grafana/promnorm.json or deploy/prometheus/alerts.yml but not in a running promnorm's /metrics: {missing:?}\nscraped: {scraped:?}"
+    );
 }
 
 /// Identifiers that name an inference-stack metric (not a function, label or keyword).

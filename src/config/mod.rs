@@ -1,6 +1,9 @@
 //! Configuration: the YAML schema, its defaults and validation.
 
+mod error;
 pub mod yaml;
+
+pub use error::{ConfigError, DurationError, ListenError, SecretError, UrlError};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,36 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
 
-/// The built-in packs, embedded at build time from `mappings/`.
-pub const BUILTIN_PACKS: &[(&str, &str)] = &[
-    ("vllm", include_str!("../../mappings/vllm.yaml")),
-    ("sglang", include_str!("../../mappings/sglang.yaml")),
-    ("lmcache", include_str!("../../mappings/lmcache.yaml")),
-    ("mooncake", include_str!("../../mappings/mooncake.yaml")),
-    ("dcgm", include_str!("../../mappings/dcgm.yaml")),
-    ("rdma", include_str!("../../mappings/rdma.yaml")),
-    ("dynamo", include_str!("../../mappings/dynamo.yaml")),
-    // Off unless named (`default: off`); after the engine packs, whose migrations it sees.
-    ("genai", include_str!("../../mappings/genai.yaml")),
-];
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{file}:{source}")]
-    Yaml {
-        file: String,
-        #[source]
-        source: yaml::YamlError,
-    },
-    #[error("{file}: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-}
+// The built-in packs (`BUILTIN_PACKS`), embedded at build time from `mappings/` by build.rs.
+include!(concat!(env!("OUT_DIR"), "/builtin_packs.rs"));
 
 /// promnorm's configuration. Every key has a default (documented on its field); a file
 /// overrides the defaults key by key, so an empty file is a valid configuration.
@@ -335,23 +310,22 @@ pub struct BackendUrl {
 
 /// Parses a backend URL: `http://` or `https://` with a host. Errors never repeat
 /// credentials written in the URL.
-pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, ConfigError> {
+pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, UrlError> {
     let (without_userinfo, userinfo) = split_userinfo(raw);
     let shown = redact_url(raw);
     if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
         // Unencoded, these would move the credentials into the host or the path, and
         // the password into logs.
-        return Err(ConfigError::Invalid(format!(
-            "backend url {shown:?}: credentials in a URL must percent-encode '/', '?' and '#' (%2F, %3F, %23), or use basic_auth"
-        )));
+        return Err(UrlError::UnencodedCredentials { url: shown });
     }
     let uri: http::Uri = without_userinfo
         .parse()
-        .map_err(|e| ConfigError::Invalid(format!("backend url {shown:?}: {e}")))?;
+        .map_err(|e: http::uri::InvalidUri| UrlError::Unparsable {
+            url: shown.clone(),
+            reason: e.to_string(),
+        })?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-        return Err(ConfigError::Invalid(format!(
-            "backend url {shown:?} must be http:// or https:// with a host"
-        )));
+        return Err(UrlError::NotHttp { url: shown });
     }
     let authority = uri.authority().map_or("", |a| a.as_str());
     let after_host = authority.rfind(']').unwrap_or(0);
@@ -359,9 +333,7 @@ pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, ConfigError> {
         .rfind(':')
         .map(|c| &authority[after_host + c + 1..]);
     if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
-        return Err(ConfigError::Invalid(format!(
-            "backend url {shown:?}: the port is not a number from 1 to 65535"
-        )));
+        return Err(UrlError::BadPort { url: shown });
     }
     let userinfo = userinfo.map(|u| {
         let (user, pass) = u.split_once(':').unwrap_or((u, ""));
@@ -463,22 +435,21 @@ impl Secret {
         }
     }
 
-    pub fn read(&self) -> Result<String, ConfigError> {
+    pub fn read(&self) -> Result<String, SecretError> {
         if let Some(v) = &self.inline {
             return Ok(v.clone());
         }
         match (&self.file, &self.env) {
             (Some(f), None) => std::fs::read_to_string(f)
                 .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-                .map_err(|e| ConfigError::Io {
+                .map_err(|e| SecretError::Unreadable {
                     file: f.display().to_string(),
                     source: e,
                 }),
-            (None, Some(v)) => std::env::var(v)
-                .map_err(|_| ConfigError::Invalid(format!("environment variable {v} is not set"))),
-            _ => Err(ConfigError::Invalid(
-                "a secret needs exactly one of file or env".into(),
-            )),
+            (None, Some(v)) => {
+                std::env::var(v).map_err(|_| SecretError::EnvUnset { var: v.clone() })
+            }
+            _ => Err(SecretError::NoSource),
         }
     }
 }
@@ -578,7 +549,7 @@ fn default_timeout() -> Duration {
 
 /// Parses a listen address as Prometheus and vmagent take it: `host:port`, `:port`
 /// (every IPv4 interface), `[::]:port`, or a name such as `localhost:port`.
-pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, ListenError> {
     let t = text.trim();
     let full = if t.starts_with(':') {
         format!("0.0.0.0{t}")
@@ -589,29 +560,31 @@ pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
         return Ok(a);
     }
     if !full.contains(':') {
-        return Err("expected host:port or :port".into());
+        return Err(ListenError::NoPort);
     }
     use std::net::ToSocketAddrs;
     full.to_socket_addrs()
-        .map_err(|e| e.to_string())?
+        .map_err(ListenError::Resolve)?
         .next()
-        .ok_or_else(|| "the name resolves to no address".into())
+        .ok_or(ListenError::NoAddress)
 }
 
 /// Parses `500ms`, `30s`, `1m`, `1h`, `1m30s`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let t = text.trim();
     if t.is_empty() {
-        return Err("empty duration".into());
+        return Err(DurationError::Empty);
     }
     let mut total = 0f64;
     let mut rest = t;
     while !rest.is_empty() {
         let num_len = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("duration {t:?} needs a unit (ms, s, m, h)"))?;
+            .ok_or_else(|| DurationError::NoUnit { text: t.into() })?;
         let (num, after) = rest.split_at(num_len);
-        let n: f64 = num.parse().map_err(|_| format!("bad duration {t:?}"))?;
+        let n: f64 = num
+            .parse()
+            .map_err(|_| DurationError::BadNumber { text: t.into() })?;
         let unit_len = after
             .find(|c: char| c.is_ascii_digit())
             .unwrap_or(after.len());
@@ -621,12 +594,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => n,
             "m" => n * 60.0,
             "h" => n * 3600.0,
-            _ => return Err(format!("bad duration unit {unit:?} in {t:?}")),
+            _ => {
+                return Err(DurationError::BadUnit {
+                    unit: unit.into(),
+                    text: t.into(),
+                });
+            }
         };
         total += secs;
         rest = after;
     }
-    Duration::try_from_secs_f64(total).map_err(|_| format!("duration {t:?} is out of range"))
+    Duration::try_from_secs_f64(total).map_err(|_| DurationError::OutOfRange { text: t.into() })
 }
 
 /// Writes a duration as `parse_duration` reads it (`30s`, `5m`, `1h`, `250ms`).
@@ -727,7 +705,20 @@ impl Config {
         value: &str,
         message: impl std::fmt::Display,
     ) -> ConfigError {
-        ConfigError::Invalid(format!("{}{message}", self.position(key, value)))
+        ConfigError::Value {
+            at: self.position(key, value),
+            key: key.to_string(),
+            reason: message.to_string(),
+        }
+    }
+
+    /// Where a secret's source (`file:` or `env:`) is written.
+    fn secret_position(&self, secret: &Secret) -> String {
+        match (&secret.file, &secret.env) {
+            (Some(f), _) => self.position("file", &f.display().to_string()),
+            (_, Some(v)) => self.position("env", v),
+            _ => self.position("bearer_token", ""),
+        }
     }
 
     /// Reads what `serve` will read for a backend (credentials, CA file), so a
@@ -738,17 +729,12 @@ impl Config {
             .iter()
             .chain(b.basic_auth.as_ref().map(|a| &a.password));
         for secret in secrets {
-            if let Err(e) = secret.read() {
-                let (key, value) = match (&secret.file, &secret.env) {
-                    (Some(f), _) => ("file", f.display().to_string()),
-                    (_, Some(v)) => ("env", v.clone()),
-                    _ => ("bearer_token", String::new()),
-                };
-                let e = match e {
-                    ConfigError::Io { file, source } => format!("cannot read {file}: {source}"),
-                    other => other.to_string(),
-                };
-                return Err(self.invalid_at(key, &value, format!("backend {name}: {e}")));
+            if let Err(source) = secret.read() {
+                return Err(ConfigError::Secret {
+                    at: self.secret_position(secret),
+                    owner: format!("backend {name}"),
+                    source,
+                });
             }
         }
         if let Some(ca) = &b.tls.ca_file
@@ -836,12 +822,10 @@ impl Config {
         if self.write_paths.is_empty() {
             return Err(self.invalid_at("write_paths", "", "write_paths is empty"));
         }
-        parse_listen(&self.listen).map_err(|e| {
-            self.invalid_at(
-                "listen",
-                &self.listen,
-                format!("listen {:?}: {e}", self.listen),
-            )
+        parse_listen(&self.listen).map_err(|source| ConfigError::Listen {
+            at: self.position("listen", &self.listen),
+            text: self.listen.clone(),
+            source,
         })?;
         for (key, d) in [
             ("header_read_timeout", self.server.header_read_timeout),
@@ -864,22 +848,24 @@ impl Config {
             ));
         }
         if let Some(auth) = &self.ingest_auth
-            && let Err(e) = auth.bearer_token.read()
+            && let Err(source) = auth.bearer_token.read()
         {
-            let (key, value) = match (&auth.bearer_token.file, &auth.bearer_token.env) {
-                (Some(f), _) => ("file", f.display().to_string()),
-                (_, Some(v)) => ("env", v.clone()),
-                _ => ("bearer_token", String::new()),
-            };
-            return Err(self.invalid_at(key, &value, format!("ingest_auth: {e}")));
+            return Err(ConfigError::Secret {
+                at: self.secret_position(&auth.bearer_token),
+                owner: "ingest_auth".into(),
+                source,
+            });
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {
             let name = b.name_or_default(i);
-            let url = parse_backend_url(&b.url).map_err(|e| {
+            let url = parse_backend_url(&b.url).map_err(|source| {
                 // The URL's position, without repeating credentials written in it.
                 let at = split_userinfo(&b.url).1.map_or(b.url.as_str(), |u| u);
-                self.invalid_at("url", at, e)
+                ConfigError::Url {
+                    at: self.position("url", at),
+                    source,
+                }
             })?;
             if url.userinfo.is_some() && b.basic_auth.is_some() {
                 return Err(self.invalid_at(
@@ -899,10 +885,10 @@ impl Config {
             }
             self.check_backend_files(&name, b)?;
             if !names.insert(name.clone()) {
-                return Err(ConfigError::Invalid(format!(
-                    "{}two backends are named {name:?}: their metrics would be indistinguishable",
-                    self.position_nth("name", &name, 1)
-                )));
+                return Err(ConfigError::DuplicateBackend {
+                    at: self.position_nth("name", &name, 1),
+                    name,
+                });
             }
         }
         Ok(())
@@ -964,5 +950,63 @@ mod tests {
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn errors_are_typed_where_a_caller_can_act() {
+        assert!(matches!(
+            parse_duration("5"),
+            Err(DurationError::NoUnit { .. })
+        ));
+        assert!(matches!(
+            parse_duration("5d"),
+            Err(DurationError::BadUnit { ref unit, .. }) if unit == "d"
+        ));
+        assert!(matches!(parse_duration(""), Err(DurationError::Empty)));
+        assert!(matches!(
+            parse_backend_url("http://h:99999/api"),
+            Err(UrlError::BadPort { .. })
+        ));
+        assert!(matches!(
+            parse_backend_url("ftp://h/api"),
+            Err(UrlError::NotHttp { .. })
+        ));
+        assert!(matches!(parse_listen("9201"), Err(ListenError::NoPort)));
+
+        let text = "backends:\n  - url: http://a/api/v1/write\n    name: x\n  - url: http://b/api/v1/write\n    name: x\n";
+        let err = Config::parse(text, "dup.yaml")
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::DuplicateBackend { ref name, .. } if name == "x"),
+            "{err:?}"
+        );
+        assert_eq!(err.key(), Some("name"));
+        assert!(
+            err.to_string().starts_with("dup.yaml:5:11: two backends"),
+            "{err}"
+        );
+
+        let text = "listen: nowhere\n";
+        let err = Config::parse(text, "l.yaml").unwrap().check().unwrap_err();
+        assert!(matches!(err, ConfigError::Listen { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "l.yaml:1:9: listen \"nowhere\": expected host:port or :port"
+        );
+
+        let text = "ingest_auth:\n  bearer_token: {env: PROMNORM_TEST_SURELY_UNSET}\n";
+        let err = Config::parse(text, "s.yaml").unwrap().check().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Secret {
+                    source: SecretError::EnvUnset { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }

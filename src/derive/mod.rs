@@ -43,7 +43,7 @@ pub struct Peak {
     pub bandwidth: Option<f64>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DeriveSettings {
     /// The derived series of [`defs::DEFINITIONS`] (off: only sums over ranks).
     pub derived_series: bool,

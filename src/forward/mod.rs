@@ -378,8 +378,9 @@ pub fn verdict<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -
 
 /// Everything a backend needs, resolved by the caller (secrets already read): forward
 /// knows nothing of the configuration file.
-/// (No `Debug`: it holds secrets.)
-#[derive(Clone)]
+/// (No `Debug`: it holds secrets.) `PartialEq`: a reload keeps a backend whose options
+/// did not change.
+#[derive(Clone, PartialEq)]
 pub struct BackendOptions {
     pub name: String,
     pub url: http::Uri,
@@ -392,7 +393,7 @@ pub struct BackendOptions {
     pub protocol: BackendProtocol,
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct BasicCredentials {
     pub username: String,
     pub password: String,
@@ -407,7 +408,7 @@ impl std::fmt::Debug for BasicCredentials {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct TlsOptions {
     pub ca_file: Option<std::path::PathBuf>,
     pub insecure_skip_verify: bool,

@@ -1,7 +1,10 @@
 //! The HTTP server: remote-write ingest, own telemetry, health and readiness.
 
 pub mod listener;
+pub mod live;
 mod negotiate;
+
+pub use live::{Live, ReloadHook};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +37,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub ingest_token: Option<String>,
     pub metrics: PrometheusHandle,
-    pub ready: AtomicBool,
+    /// Shared by the states a reload swaps in: shutdown turns it off for all of them.
+    pub ready: Arc<AtomicBool>,
     pub connection_limits: listener::ConnectionLimits,
     /// A request's body must arrive within this once its headers are in.
     pub body_read_timeout: Duration,
@@ -68,7 +72,7 @@ impl AppState {
             max_body_bytes: opts.max_body_bytes,
             ingest_token: opts.ingest_token,
             metrics: telemetry::metrics_handle(),
-            ready: AtomicBool::new(true),
+            ready: Arc::new(AtomicBool::new(true)),
             connection_limits: opts.connection_limits,
             body_read_timeout: opts.body_read_timeout,
         }
@@ -118,18 +122,26 @@ impl AppState {
     }
 }
 
+/// The routes around one fixed state (no reload).
 pub fn router(state: Arc<AppState>, write_paths: &[String]) -> Router {
+    router_live(Arc::new(Live::new(state)), write_paths)
+}
+
+/// The routes around a state a reload may swap (`/-/reload` included).
+pub fn router_live(live: Arc<Live>, write_paths: &[String]) -> Router {
     let mut r = Router::new()
         .route("/metrics", get(metrics))
         .route("/-/healthy", get(|| async { "promnorm is healthy.\n" }))
-        .route("/-/ready", get(ready));
+        .route("/-/ready", get(ready))
+        .route("/-/reload", post(live::reload).put(live::reload));
     for p in write_paths {
         r = r.route(p, post(write));
     }
-    r.with_state(state)
+    r.with_state(live)
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+async fn metrics(State(live): State<Arc<Live>>) -> impl IntoResponse {
+    let st = live.current();
     st.update_gauges();
     (
         [(
@@ -140,7 +152,8 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
     )
 }
 
-async fn ready(State(st): State<Arc<AppState>>) -> Response {
+async fn ready(State(live): State<Arc<Live>>) -> Response {
+    let st = live.current();
     if st.ready.load(Ordering::Relaxed) && !st.forwarder.is_empty() {
         (StatusCode::OK, "promnorm is ready.\n").into_response()
     } else {
@@ -222,7 +235,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) -> Response {
+    // One state for the whole request: a reload meanwhile does not change its rules.
+    let st = live.current();
     if let Err(resp) = check_auth(&st, &headers) {
         return *resp;
     }

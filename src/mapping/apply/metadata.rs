@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// The "pack" of steps that are not from a pack (the metadata `_total` fix).
+pub(super) const METADATA_FIX_PACK: u16 = u16::MAX;
+
+/// Counter families learnt from `MetricMetadata` (type COUNTER, no `_total`, unknown to
+/// every pack): their series get `_total` (docs/rules.md). Shared by all workers; a mapper
+/// works on a snapshot it refreshes when the version moves, so the hot path takes no lock.
+#[derive(Debug, Default)]
+pub struct CounterFamilies {
+    pub(super) set: Mutex<Arc<AHashSet<Box<str>>>>,
+    pub(super) version: AtomicU64,
+}
+
 impl CounterFamilies {
     /// Families remembered at most (metadata of unbounded cardinality cannot grow it).
     pub const LIMIT: usize = 100_000;
@@ -36,6 +48,44 @@ impl CounterFamilies {
 }
 
 impl Mapper {
+    /// Takes a new snapshot of the learnt counter families when they changed.
+    pub(super) fn refresh_counters(&mut self, cf: &CounterFamilies) {
+        if cf.version.load(Ordering::Acquire) != self.counters_version
+            && let Some((v, snap)) = cf.snapshot()
+        {
+            self.counters_version = v;
+            self.counters_seen = snap;
+        }
+    }
+
+    /// The metadata `_total` fix: a series named exactly like a learnt counter family.
+    pub(super) fn total_fix(&mut self, name: &str) -> Option<Resolved> {
+        if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
+            return None;
+        }
+        Some(self.total_fix_plan(name))
+    }
+
+    /// The plan that gives `name` the suffix `_total` (cached per name).
+    fn total_fix_plan(&mut self, name: &str) -> Resolved {
+        if let Some(p) = self.total_fix_plans.get(name) {
+            return Resolved::Plan(p.clone());
+        }
+        let plan = Arc::new(Plan {
+            steps: vec![Step {
+                when: Vec::new(),
+                action: Action::SetName(format!("{name}_total").into()),
+                pack: METADATA_FIX_PACK,
+            }],
+            keep_original: false,
+            rescales: false,
+            trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
+            copies: Vec::new(),
+        });
+        self.total_fix_plans.insert(name, plan.clone());
+        Resolved::Plan(plan)
+    }
+
     pub(super) fn map_metadata(
         &mut self,
         rules: &Rules,

@@ -9,7 +9,16 @@
 mod le;
 mod merge;
 mod metadata;
+mod stats;
 mod taps;
+mod work;
+
+pub use metadata::CounterFamilies;
+use metadata::METADATA_FIX_PACK;
+pub use stats::MapStats;
+use taps::{NO_TAPS, Tapped};
+pub use taps::{TapSet, TappedSeries};
+use work::*;
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,104 +40,6 @@ use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, writ
 pub use crate::wire::STALE_NAN_BITS;
 
 const NONE: u32 = u32::MAX;
-/// The tap set of a pipeline without a derive stage.
-static NO_TAPS: std::sync::LazyLock<TapSet> = std::sync::LazyLock::new(TapSet::default);
-/// The "pack" of steps that are not from a pack (the metadata `_total` fix).
-const METADATA_FIX_PACK: u16 = u16::MAX;
-
-#[derive(Clone, Copy, Debug)]
-enum Str {
-    In(Span),
-    Arena(u32, u32),
-}
-
-#[derive(Clone, Copy, Debug)]
-struct WorkLabel {
-    name: Str,
-    value: Str,
-    renamed: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct OutSeries {
-    labels: Range32,
-    /// Rank label to sum this physical series over (derive stage), if its plan says so.
-    rank_label: Option<Str>,
-    first_chunk: u32,
-    last_chunk: u32,
-    next_same_hash: u32,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Chunk {
-    samples: Range32,
-    exemplars: Range32,
-    histograms: Range32,
-    next: u32,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct ExemplarOut {
-    labels: Range32,
-    value_bits: u64,
-    timestamp: i64,
-}
-
-/// Per-request counts, flushed into telemetry by the caller.
-#[derive(Debug, Default, Clone)]
-pub struct MapStats {
-    /// Samples (float samples plus native histograms) dropped, per reason index.
-    pub dropped: Vec<u64>,
-    /// Series renamed / rescaled, per pack index.
-    pub renamed: Vec<u64>,
-    pub rescaled: Vec<u64>,
-    pub collisions: u64,
-    pub native_unscaled: u64,
-    /// Series given `_total` because their family's metadata says COUNTER.
-    pub metadata_total_fixes: u64,
-    pub series_out: u64,
-    pub samples_out: u64,
-    pub histograms_out: u64,
-    pub metadata_out: u64,
-}
-
-impl MapStats {
-    fn reset(&mut self, reasons: usize, packs: usize) {
-        self.dropped.clear();
-        self.dropped.resize(reasons, 0);
-        self.renamed.clear();
-        self.renamed.resize(packs, 0);
-        self.rescaled.clear();
-        self.rescaled.resize(packs, 0);
-        self.collisions = 0;
-        self.native_unscaled = 0;
-        self.metadata_total_fixes = 0;
-        self.series_out = 0;
-        self.samples_out = 0;
-        self.histograms_out = 0;
-        self.metadata_out = 0;
-    }
-
-    pub fn dropped_total(&self) -> u64 {
-        self.dropped.iter().sum()
-    }
-}
-
-/// Output metric names the derive stage reads (inputs of derived series). The mapper
-/// records the output series with these names, after every rule has applied.
-#[derive(Debug, Default, Clone)]
-pub struct TapSet {
-    names: AHashSet<Box<[u8]>>,
-}
-
-/// Counter families learnt from `MetricMetadata` (type COUNTER, no `_total`, unknown to
-/// every pack): their series get `_total` (docs/rules.md). Shared by all workers; a mapper
-/// works on a snapshot it refreshes when the version moves, so the hot path takes no lock.
-#[derive(Debug, Default)]
-pub struct CounterFamilies {
-    set: Mutex<Arc<AHashSet<Box<str>>>>,
-    version: AtomicU64,
-}
 
 /// What the mapping stage needs besides the rules.
 #[derive(Clone, Copy, Default)]
@@ -137,20 +48,6 @@ pub struct MapContext<'a> {
     pub taps: Option<&'a TapSet>,
     /// Counter families learnt from metadata (the metadata `_total` fix), when enabled.
     pub counters: Option<&'a CounterFamilies>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Tapped {
-    labels: Range32,
-    samples: Range32,
-    rank_label: Option<Str>,
-}
-
-/// One recorded output series: its final labels (with `__name__`) and float samples.
-pub struct TappedSeries<'a> {
-    mapper: &'a Mapper,
-    buf: &'a [u8],
-    tapped: Tapped,
 }
 
 /// Reusable per-worker state of the mapping stage.
@@ -191,23 +88,6 @@ impl Mapper {
         Self::default()
     }
 
-    fn reset(&mut self, rules: &Rules) {
-        self.arena.clear();
-        self.work.clear();
-        self.out_series.clear();
-        self.out_labels.clear();
-        self.chunks.clear();
-        self.samples.clear();
-        self.exemplars.clear();
-        self.histograms.clear();
-        self.index.clear();
-        self.meta_seen.clear();
-        self.taps.clear();
-        self.tap_labels.clear();
-        self.tap_samples.clear();
-        self.stats.reset(rules.reasons().len(), rules.packs().len());
-    }
-
     /// Maps `req` (decoded from `buf`) and appends the encoded `WriteRequest` to `out`.
     /// Output series named in `taps` are recorded for [`Mapper::tapped`].
     pub fn map_request(
@@ -220,12 +100,8 @@ impl Mapper {
     ) {
         self.reset(rules);
         let taps = ctx.taps.unwrap_or(&NO_TAPS);
-        if let Some(cf) = ctx.counters
-            && cf.version.load(Ordering::Acquire) != self.counters_version
-            && let Some((v, snap)) = cf.snapshot()
-        {
-            self.counters_version = v;
-            self.counters_seen = snap;
+        if let Some(cf) = ctx.counters {
+            self.refresh_counters(cf);
         }
         for s in &req.series {
             let name = s.name.str(buf);
@@ -271,12 +147,6 @@ impl Mapper {
         }
     }
 
-    fn count_out(&mut self, s: &SeriesView) {
-        self.stats.series_out += 1;
-        self.stats.samples_out += s.samples.len() as u64;
-        self.stats.histograms_out += s.histograms.len() as u64;
-    }
-
     fn resolve(&mut self, rules: &Rules, name: &str) -> Option<Resolved> {
         match rules.lookup(name) {
             Some(Resolution::Plan(p)) => return Some(Resolved::Plan(p.clone())),
@@ -292,67 +162,6 @@ impl Mapper {
             }
         }
         self.total_fix(name)
-    }
-
-    /// The metadata `_total` fix: a series named exactly like a learnt counter family.
-    fn total_fix(&mut self, name: &str) -> Option<Resolved> {
-        if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
-            return None;
-        }
-        Some(self.total_fix_plan(name))
-    }
-
-    /// The plan that gives `name` the suffix `_total` (cached per name).
-    fn total_fix_plan(&mut self, name: &str) -> Resolved {
-        if let Some(p) = self.total_fix_plans.get(name) {
-            return Resolved::Plan(p.clone());
-        }
-        let plan = Arc::new(Plan {
-            steps: vec![Step {
-                when: Vec::new(),
-                action: Action::SetName(format!("{name}_total").into()),
-                pack: METADATA_FIX_PACK,
-            }],
-            keep_original: false,
-            rescales: false,
-            trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
-            copies: Vec::new(),
-        });
-        self.total_fix_plans.insert(name, plan.clone());
-        Resolved::Plan(plan)
-    }
-
-    #[inline]
-    fn str_bytes<'a>(&'a self, s: Str, buf: &'a [u8]) -> &'a [u8] {
-        match s {
-            Str::In(span) => span.bytes(buf),
-            Str::Arena(a, b) => &self.arena[a as usize..b as usize],
-        }
-    }
-
-    fn intern(&mut self, bytes: &[u8]) -> Str {
-        let start = self.arena.len() as u32;
-        self.arena.extend_from_slice(bytes);
-        Str::Arena(start, self.arena.len() as u32)
-    }
-
-    fn find(&self, buf: &[u8], name: &[u8]) -> Option<usize> {
-        self.work
-            .iter()
-            .position(|l| self.str_bytes(l.name, buf) == name)
-    }
-
-    fn matches(&self, buf: &[u8], when: &[(Box<str>, Box<str>)]) -> bool {
-        when.iter().all(|(n, v)| {
-            self.find(buf, n.as_bytes())
-                .is_some_and(|i| self.str_bytes(self.work[i].value, buf) == v.as_bytes())
-        })
-    }
-
-    fn drop_series(&mut self, s: &SeriesView, reason: u16) {
-        if let Some(c) = self.stats.dropped.get_mut(reason as usize) {
-            *c += (s.samples.len() + s.histograms.len()) as u64;
-        }
     }
 
     /// Runs a plan over one series and puts the result into the merge area; false when

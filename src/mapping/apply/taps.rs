@@ -2,6 +2,30 @@
 
 use super::*;
 
+/// The tap set of a pipeline without a derive stage.
+pub(super) static NO_TAPS: std::sync::LazyLock<TapSet> = std::sync::LazyLock::new(TapSet::default);
+
+/// Output metric names the derive stage reads (inputs of derived series). The mapper
+/// records the output series with these names, after every rule has applied.
+#[derive(Debug, Default, Clone)]
+pub struct TapSet {
+    names: AHashSet<Box<[u8]>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tapped {
+    pub(super) labels: Range32,
+    pub(super) samples: Range32,
+    pub(super) rank_label: Option<Str>,
+}
+
+/// One recorded output series: its final labels (with `__name__`) and float samples.
+pub struct TappedSeries<'a> {
+    pub(super) mapper: &'a Mapper,
+    pub(super) buf: &'a [u8],
+    pub(super) tapped: Tapped,
+}
+
 impl TapSet {
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
         TapSet {

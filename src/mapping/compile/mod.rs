@@ -6,8 +6,11 @@ mod metadata;
 mod names;
 mod plan;
 mod rule;
+mod steps;
 
-use names::{candidates, covered_names, family_base, output_names, series_name};
+pub use steps::*;
+
+use names::{candidates, covered_names, family_base, series_name};
 use rule::{compile_otel, compile_rule};
 
 use std::sync::Arc;
@@ -17,141 +20,6 @@ use regex::Regex;
 
 use super::number::Factor;
 use super::spec::{FamilyType, PackSpec, RuleSpec};
-
-/// What a series' samples look like relative to its family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Plain,
-    Total,
-    Bucket,
-    Sum,
-    Count,
-    Created,
-}
-
-impl Kind {
-    fn suffix(self) -> &'static str {
-        match self {
-            Kind::Plain => "",
-            Kind::Total => "_total",
-            Kind::Bucket => "_bucket",
-            Kind::Sum => "_sum",
-            Kind::Count => "_count",
-            Kind::Created => "_created",
-        }
-    }
-}
-
-/// What a rescale touches for one series kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScaleTarget {
-    /// Sample values (gauges, counters, `_sum`, summary quantiles) and exemplars.
-    Value,
-    /// The `le` label of `_bucket` series, and exemplars.
-    Le,
-}
-
-#[derive(Clone, Debug)]
-pub enum Action {
-    Drop(u16),
-    SetName(Box<str>),
-    RenameLabel {
-        from: Box<str>,
-        to: Box<str>,
-    },
-    MapLabelValue {
-        label: Box<str>,
-        from: Box<str>,
-        to: Box<str>,
-    },
-    SplitByLabel {
-        label: Box<str>,
-        names: Vec<(Box<str>, Box<str>)>,
-    },
-    SetLabel {
-        name: Box<str>,
-        value: Box<str>,
-    },
-    DropLabel(Box<str>),
-    RankDedup {
-        label: Box<str>,
-        keep: Box<str>,
-    },
-    /// Physical per-rank family: the derive stage also emits its sum over this label.
-    SumOverRanks(Box<str>),
-    Scale {
-        factor: Factor,
-        target: ScaleTarget,
-    },
-    /// The series is emitted only if the step's `when` matches (a copy rule's labels):
-    /// otherwise nothing is written and nothing is counted.
-    OnlyIf,
-}
-
-/// Index of the built-in drop reason `tp_rank_dedup` in [`Rules::reasons`].
-pub const REASON_RANK_DEDUP: u16 = 1;
-/// Index of the built-in drop reason `duplicate_timestamp` in [`Rules::reasons`].
-pub const REASON_DUPLICATE_TIMESTAMP: u16 = 2;
-
-#[derive(Clone, Debug)]
-pub struct Step {
-    /// Exact label matchers, checked against the series' labels at that point.
-    pub when: Vec<(Box<str>, Box<str>)>,
-    pub action: Action,
-    pub pack: u16,
-}
-
-/// Everything that happens to one input series name.
-#[derive(Clone, Debug, Default)]
-pub struct Plan {
-    pub steps: Vec<Step>,
-    /// Emit the untouched original beside the result (migration window).
-    pub keep_original: bool,
-    /// The family is rescaled: native histograms cannot be, and are counted.
-    pub rescales: bool,
-    /// Human-readable trace of which rules applied, for `explain`.
-    pub trace: Vec<String>,
-    /// Copies emitted beside the series (`copy: true` rules).
-    pub copies: Vec<CopyPlan>,
-}
-
-/// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
-#[derive(Clone, Debug)]
-pub struct CopyPlan {
-    pub plan: Plan,
-    /// The copy rule's `unit:`, for the copy's metadata.
-    pub unit: Option<Box<str>>,
-}
-
-/// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MetadataPlan {
-    /// Also forward the input entry as it is (`keep_original`: the original series stay).
-    pub keep_input: bool,
-    /// Entries written in its place; none (and no `keep_input`): the family is dropped.
-    pub outputs: Vec<MetadataOutput>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MetadataOutput {
-    pub name: Box<str>,
-    /// The unit field to write; `None`: the input's.
-    pub unit: Option<Box<str>>,
-    /// The family's values are rescaled by this: its HELP is restated
-    /// ([`super::meta::rewrite_help`]) …
-    pub rescale: Option<Factor>,
-    /// … in this unit: the one its name states, else the rule's `unit:`.
-    pub help_unit: Option<super::meta::NameUnit>,
-}
-
-/// How a name resolves.
-#[derive(Clone, Debug)]
-pub enum Resolution {
-    /// Rules apply.
-    Plan(Arc<Plan>),
-    /// No rule applies, but a rule produces this name: route through collision merging.
-    OutputName,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -333,64 +201,6 @@ impl Rules {
         };
         compiled.precompute()?;
         Ok(compiled)
-    }
-
-    /// Fills the exact-name map: every series name an exact rule covers, plus every name
-    /// some rule writes.
-    fn precompute(&mut self) -> Result<(), CompileError> {
-        let mut inputs: Vec<String> = Vec::new();
-        for r in &self.rules {
-            if let Matcher::Exact(fams) = &r.matcher {
-                for f in fams {
-                    for (name, _) in covered_names(f, r.family_type) {
-                        inputs.push(name);
-                    }
-                }
-            }
-        }
-        inputs.sort();
-        inputs.dedup();
-        let mut outputs: AHashMap<String, String> = AHashMap::new();
-        for name in &inputs {
-            let plan = self.plan_for(name);
-            if let Some(plan) = plan {
-                for out in output_names(&plan) {
-                    if let Some(prev) = outputs.get(&out)
-                        && prev != name
-                        && !self.collision_allowed(prev, name)
-                    {
-                        return Err(CompileError::Conflict(format!(
-                            "{prev:?} and {name:?} are both written as {out:?} by different rules \
-                             without label matchers to tell them apart"
-                        )));
-                    }
-                    outputs.insert(out, name.clone());
-                }
-                self.names
-                    .insert(name.as_str().into(), Resolution::Plan(Arc::new(plan)));
-            }
-        }
-        for (out, _) in outputs {
-            self.names
-                .entry(out.into_boxed_str())
-                .or_insert(Resolution::OutputName);
-        }
-        Ok(())
-    }
-
-    /// Renames of several old names onto one new name are the point of migrations; they
-    /// are allowed when they are declared in the same pack (merged at run time).
-    fn collision_allowed(&self, a: &str, b: &str) -> bool {
-        let packs = |p: Plan| -> Vec<u16> {
-            let copies = p.copies.iter().flat_map(|c| c.plan.steps.iter());
-            p.steps.iter().chain(copies).map(|s| s.pack).collect()
-        };
-        let pa = self.plan_for(a).map(packs);
-        let pb = self.plan_for(b).map(packs);
-        match (pa, pb) {
-            (Some(pa), Some(pb)) => pa.iter().any(|p| pb.contains(p)),
-            _ => true,
-        }
     }
 
     /// Looks a series name up in the precomputed map. `None` means: not an exact name;

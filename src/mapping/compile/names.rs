@@ -126,3 +126,63 @@ pub(super) fn candidates(name: &str, t: FamilyType) -> Vec<(Kind, &str)> {
     }
     out
 }
+
+impl Rules {
+    /// Fills the exact-name map: every series name an exact rule covers, plus every name
+    /// some rule writes.
+    pub(super) fn precompute(&mut self) -> Result<(), CompileError> {
+        let mut inputs: Vec<String> = Vec::new();
+        for r in &self.rules {
+            if let Matcher::Exact(fams) = &r.matcher {
+                for f in fams {
+                    for (name, _) in covered_names(f, r.family_type) {
+                        inputs.push(name);
+                    }
+                }
+            }
+        }
+        inputs.sort();
+        inputs.dedup();
+        let mut outputs: AHashMap<String, String> = AHashMap::new();
+        for name in &inputs {
+            let plan = self.plan_for(name);
+            if let Some(plan) = plan {
+                for out in output_names(&plan) {
+                    if let Some(prev) = outputs.get(&out)
+                        && prev != name
+                        && !self.collision_allowed(prev, name)
+                    {
+                        return Err(CompileError::Conflict(format!(
+                            "{prev:?} and {name:?} are both written as {out:?} by different rules \
+                             without label matchers to tell them apart"
+                        )));
+                    }
+                    outputs.insert(out, name.clone());
+                }
+                self.names
+                    .insert(name.as_str().into(), Resolution::Plan(Arc::new(plan)));
+            }
+        }
+        for (out, _) in outputs {
+            self.names
+                .entry(out.into_boxed_str())
+                .or_insert(Resolution::OutputName);
+        }
+        Ok(())
+    }
+
+    /// Renames of several old names onto one new name are the point of migrations; they
+    /// are allowed when they are declared in the same pack (merged at run time).
+    fn collision_allowed(&self, a: &str, b: &str) -> bool {
+        let packs = |p: Plan| -> Vec<u16> {
+            let copies = p.copies.iter().flat_map(|c| c.plan.steps.iter());
+            p.steps.iter().chain(copies).map(|s| s.pack).collect()
+        };
+        let pa = self.plan_for(a).map(packs);
+        let pb = self.plan_for(b).map(packs);
+        match (pa, pb) {
+            (Some(pa), Some(pb)) => pa.iter().any(|p| pb.contains(p)),
+            _ => true,
+        }
+    }
+}

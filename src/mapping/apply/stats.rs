@@ -1,0 +1,41 @@
+//! Per-request counts of the mapping stage.
+
+/// Per-request counts, flushed into telemetry by the caller.
+#[derive(Debug, Default, Clone)]
+pub struct MapStats {
+    /// Samples (float samples plus native histograms) dropped, per reason index.
+    pub dropped: Vec<u64>,
+    /// Series renamed / rescaled, per pack index.
+    pub renamed: Vec<u64>,
+    pub rescaled: Vec<u64>,
+    pub collisions: u64,
+    pub native_unscaled: u64,
+    /// Series given `_total` because their family's metadata says COUNTER.
+    pub metadata_total_fixes: u64,
+    pub series_out: u64,
+    pub samples_out: u64,
+    pub histograms_out: u64,
+    pub metadata_out: u64,
+}
+
+impl MapStats {
+    pub(super) fn reset(&mut self, reasons: usize, packs: usize) {
+        self.dropped.clear();
+        self.dropped.resize(reasons, 0);
+        self.renamed.clear();
+        self.renamed.resize(packs, 0);
+        self.rescaled.clear();
+        self.rescaled.resize(packs, 0);
+        self.collisions = 0;
+        self.native_unscaled = 0;
+        self.metadata_total_fixes = 0;
+        self.series_out = 0;
+        self.samples_out = 0;
+        self.histograms_out = 0;
+        self.metadata_out = 0;
+    }
+
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().sum()
+    }
+}

@@ -1,0 +1,101 @@
+//! The mapper's working representation: strings as spans of the input or of the
+//! per-request arena, and the small index records of the merge area.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Str {
+    In(Span),
+    Arena(u32, u32),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct WorkLabel {
+    pub(super) name: Str,
+    pub(super) value: Str,
+    pub(super) renamed: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OutSeries {
+    pub(super) labels: Range32,
+    /// Rank label to sum this physical series over (derive stage), if its plan says so.
+    pub(super) rank_label: Option<Str>,
+    pub(super) first_chunk: u32,
+    pub(super) last_chunk: u32,
+    pub(super) next_same_hash: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Chunk {
+    pub(super) samples: Range32,
+    pub(super) exemplars: Range32,
+    pub(super) histograms: Range32,
+    pub(super) next: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ExemplarOut {
+    pub(super) labels: Range32,
+    pub(super) value_bits: u64,
+    pub(super) timestamp: i64,
+}
+
+impl Mapper {
+    /// Empties the per-request buffers, keeping their capacity.
+    pub(super) fn reset(&mut self, rules: &Rules) {
+        self.arena.clear();
+        self.work.clear();
+        self.out_series.clear();
+        self.out_labels.clear();
+        self.chunks.clear();
+        self.samples.clear();
+        self.exemplars.clear();
+        self.histograms.clear();
+        self.index.clear();
+        self.meta_seen.clear();
+        self.taps.clear();
+        self.tap_labels.clear();
+        self.tap_samples.clear();
+        self.stats.reset(rules.reasons().len(), rules.packs().len());
+    }
+
+    #[inline]
+    pub(super) fn str_bytes<'a>(&'a self, s: Str, buf: &'a [u8]) -> &'a [u8] {
+        match s {
+            Str::In(span) => span.bytes(buf),
+            Str::Arena(a, b) => &self.arena[a as usize..b as usize],
+        }
+    }
+
+    pub(super) fn intern(&mut self, bytes: &[u8]) -> Str {
+        let start = self.arena.len() as u32;
+        self.arena.extend_from_slice(bytes);
+        Str::Arena(start, self.arena.len() as u32)
+    }
+
+    pub(super) fn find(&self, buf: &[u8], name: &[u8]) -> Option<usize> {
+        self.work
+            .iter()
+            .position(|l| self.str_bytes(l.name, buf) == name)
+    }
+
+    pub(super) fn matches(&self, buf: &[u8], when: &[(Box<str>, Box<str>)]) -> bool {
+        when.iter().all(|(n, v)| {
+            self.find(buf, n.as_bytes())
+                .is_some_and(|i| self.str_bytes(self.work[i].value, buf) == v.as_bytes())
+        })
+    }
+
+    pub(super) fn drop_series(&mut self, s: &SeriesView, reason: u16) {
+        if let Some(c) = self.stats.dropped.get_mut(reason as usize) {
+            *c += (s.samples.len() + s.histograms.len()) as u64;
+        }
+    }
+
+    pub(super) fn count_out(&mut self, s: &SeriesView) {
+        self.stats.series_out += 1;
+        self.stats.samples_out += s.samples.len() as u64;
+        self.stats.histograms_out += s.histograms.len() as u64;
+    }
+}

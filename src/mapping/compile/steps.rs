@@ -1,0 +1,139 @@
+//! What a compiled plan is made of: the steps a series goes through, and how a name
+//! resolves. Read by the mapper (`mapping::apply`), built by this module's compiler.
+
+use super::*;
+
+/// What a series' samples look like relative to its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Plain,
+    Total,
+    Bucket,
+    Sum,
+    Count,
+    Created,
+}
+
+impl Kind {
+    pub(super) fn suffix(self) -> &'static str {
+        match self {
+            Kind::Plain => "",
+            Kind::Total => "_total",
+            Kind::Bucket => "_bucket",
+            Kind::Sum => "_sum",
+            Kind::Count => "_count",
+            Kind::Created => "_created",
+        }
+    }
+}
+
+/// What a rescale touches for one series kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleTarget {
+    /// Sample values (gauges, counters, `_sum`, summary quantiles) and exemplars.
+    Value,
+    /// The `le` label of `_bucket` series, and exemplars.
+    Le,
+}
+
+#[derive(Clone, Debug)]
+pub enum Action {
+    Drop(u16),
+    SetName(Box<str>),
+    RenameLabel {
+        from: Box<str>,
+        to: Box<str>,
+    },
+    MapLabelValue {
+        label: Box<str>,
+        from: Box<str>,
+        to: Box<str>,
+    },
+    SplitByLabel {
+        label: Box<str>,
+        names: Vec<(Box<str>, Box<str>)>,
+    },
+    SetLabel {
+        name: Box<str>,
+        value: Box<str>,
+    },
+    DropLabel(Box<str>),
+    RankDedup {
+        label: Box<str>,
+        keep: Box<str>,
+    },
+    /// Physical per-rank family: the derive stage also emits its sum over this label.
+    SumOverRanks(Box<str>),
+    Scale {
+        factor: Factor,
+        target: ScaleTarget,
+    },
+    /// The series is emitted only if the step's `when` matches (a copy rule's labels):
+    /// otherwise nothing is written and nothing is counted.
+    OnlyIf,
+}
+
+/// Index of the built-in drop reason `tp_rank_dedup` in [`Rules::reasons`].
+pub const REASON_RANK_DEDUP: u16 = 1;
+/// Index of the built-in drop reason `duplicate_timestamp` in [`Rules::reasons`].
+pub const REASON_DUPLICATE_TIMESTAMP: u16 = 2;
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Exact label matchers, checked against the series' labels at that point.
+    pub when: Vec<(Box<str>, Box<str>)>,
+    pub action: Action,
+    pub pack: u16,
+}
+
+/// Everything that happens to one input series name.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// Emit the untouched original beside the result (migration window).
+    pub keep_original: bool,
+    /// The family is rescaled: native histograms cannot be, and are counted.
+    pub rescales: bool,
+    /// Human-readable trace of which rules applied, for `explain`.
+    pub trace: Vec<String>,
+    /// Copies emitted beside the series (`copy: true` rules).
+    pub copies: Vec<CopyPlan>,
+}
+
+/// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
+#[derive(Clone, Debug)]
+pub struct CopyPlan {
+    pub plan: Plan,
+    /// The copy rule's `unit:`, for the copy's metadata.
+    pub unit: Option<Box<str>>,
+}
+
+/// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataPlan {
+    /// Also forward the input entry as it is (`keep_original`: the original series stay).
+    pub keep_input: bool,
+    /// Entries written in its place; none (and no `keep_input`): the family is dropped.
+    pub outputs: Vec<MetadataOutput>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataOutput {
+    pub name: Box<str>,
+    /// The unit field to write; `None`: the input's.
+    pub unit: Option<Box<str>>,
+    /// The family's values are rescaled by this: its HELP is restated
+    /// ([`crate::mapping::meta::rewrite_help`]) …
+    pub rescale: Option<Factor>,
+    /// … in this unit: the one its name states, else the rule's `unit:`.
+    pub help_unit: Option<crate::mapping::meta::NameUnit>,
+}
+
+/// How a name resolves.
+#[derive(Clone, Debug)]
+pub enum Resolution {
+    /// Rules apply.
+    Plan(Arc<Plan>),
+    /// No rule applies, but a rule produces this name: route through collision merging.
+    OutputName,
+}

@@ -1,0 +1,86 @@
+//! The state requests read, swapped whole by a configuration reload: each request loads
+//! it once, so a request in flight finishes on the rules it started with and the next
+//! one sees the new ones. What a reload does is decided outside the server (the
+//! `reload` module); the server only routes `/-/reload` to it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+
+/// Reloads the configuration; `Err` carries why the running one was kept.
+pub type ReloadHook =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+pub struct Live {
+    current: ArcSwap<AppState>,
+    /// `serve --web.enable-lifecycle`: `POST /-/reload` is allowed.
+    lifecycle: bool,
+    reload: Option<ReloadHook>,
+}
+
+impl Live {
+    /// A state that `/-/reload` cannot change (403).
+    pub fn new(state: Arc<AppState>) -> Live {
+        Live {
+            current: ArcSwap::new(state),
+            lifecycle: false,
+            reload: None,
+        }
+    }
+
+    /// Routes `/-/reload` to `hook` when `lifecycle` is on (as Prometheus'
+    /// `--web.enable-lifecycle`).
+    pub fn with_reload(mut self, lifecycle: bool, hook: ReloadHook) -> Live {
+        self.lifecycle = lifecycle;
+        self.reload = Some(hook);
+        self
+    }
+
+    /// The state a request uses from start to end.
+    pub fn current(&self) -> Arc<AppState> {
+        self.current.load_full()
+    }
+
+    /// Swaps in a new state; requests already running keep the one they loaded.
+    pub fn swap(&self, state: Arc<AppState>) -> Arc<AppState> {
+        self.current.swap(state)
+    }
+}
+
+fn text(status: StatusCode, line: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{}\n", line.replace('\n', " ")),
+    )
+        .into_response()
+}
+
+/// `POST`/`PUT /-/reload`: `200` once the new configuration serves, `500` with the
+/// reason when it was refused (the running one stays), `403` without
+/// `--web.enable-lifecycle`.
+pub(super) async fn reload(State(live): State<Arc<Live>>) -> Response {
+    let hook = match (&live.reload, live.lifecycle) {
+        (Some(hook), true) => hook.clone(),
+        _ => {
+            return text(
+                StatusCode::FORBIDDEN,
+                "Lifecycle API is not enabled: start promnorm serve with --web.enable-lifecycle (or send SIGHUP)",
+            );
+        }
+    };
+    match hook().await {
+        Ok(()) => text(StatusCode::OK, "promnorm configuration reloaded."),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("failed to reload config: {e}"),
+        ),
+    }
+}

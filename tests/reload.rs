@@ -1,0 +1,575 @@
+//! Hot reload of a real `promnorm serve` process (docs/operations.md): SIGHUP and
+//! `POST /-/reload` under continuous load lose and fail no request and switch the
+//! rules; a broken mapping file keeps the running rules, says where it is broken and
+//! turns `promnorm_config_last_reload_successful` to 0; derived-series state survives a
+//! reload that does not touch it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use common::{
+    Killed, RW_HEADERS, Recorded, Reply, decode, encode, fake_backend, free_port, get, series,
+};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use promnorm::wire::proto::prometheus as pb;
+
+struct Served {
+    child: Killed,
+    addr: SocketAddr,
+    dir: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl Served {
+    /// Writes `files` and the configuration (`listen:` first, then `config`) into a
+    /// fresh folder and starts `promnorm serve` on it.
+    async fn start(
+        name: &str,
+        config: &str,
+        files: &[(&str, &str)],
+        extra_args: &[&str],
+    ) -> Served {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("promnorm-reload-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, text) in files {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let config_path = dir.join("promnorm.yaml");
+        std::fs::write(&config_path, format!("listen: {addr}\n{config}")).unwrap();
+        let log = dir.join("stderr.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .args(extra_args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn promnorm");
+        let s = Served {
+            child: Killed(child),
+            addr,
+            dir,
+            config: config_path,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(s.addr).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "promnorm did not start: {}",
+                s.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        s
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Rewrites the configuration, `listen:` as started.
+    fn write_config(&self, text: &str) {
+        self.write_config_raw(&format!("listen: {}\n{text}", self.addr));
+    }
+
+    fn write_config_raw(&self, text: &str) {
+        write_atomically(&self.config, text);
+    }
+
+    fn sighup(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        let r = unsafe { libc::kill(self.child.0.id() as i32, libc::SIGHUP) };
+        assert_eq!(r, 0, "kill -HUP");
+    }
+
+    /// (`promnorm_config_last_reload_successful`,
+    /// `promnorm_config_last_reload_success_timestamp_seconds`).
+    async fn reload_status(&self) -> (f64, f64) {
+        let text = get(&self.url("/metrics")).await.body;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+        };
+        (
+            value("promnorm_config_last_reload_successful"),
+            value("promnorm_config_last_reload_success_timestamp_seconds"),
+        )
+    }
+
+    /// Reloads that have finished, as logged (the gauges are set before the line).
+    fn reloads_logged(&self) -> usize {
+        let logs = self.logs();
+        logs.matches("configuration reloaded").count()
+            + logs.matches("configuration reload failed").count()
+    }
+
+    /// SIGHUP, then waits until the reload it caused has finished and returns the
+    /// gauges it left.
+    async fn sighup_and_wait(&self) -> (f64, f64) {
+        let before = self.reloads_logged();
+        // The success timestamp has sub-second precision, but two reloads within one
+        // clock tick must still be told apart.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.sighup();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.reloads_logged() == before {
+            assert!(
+                Instant::now() < deadline,
+                "no reload after SIGHUP: {}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.reload_status().await
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // Kept after a failure: its log is the first thing to read.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Replaces a file in one rename, as configuration management tools do: a reload never
+/// reads half a file.
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn backend_yaml(url: &str, header: &str) -> String {
+    format!("backends:\n  - url: {url}\n    headers: {{X-Gen: \"{header}\"}}\n")
+}
+
+const PACK: &str = "pack: mine\nrules:\n  - match: {family: reload_old}\n    rename: reload_new\n";
+
+/// A sample as the backend received it: name, labels but the name, timestamp, value.
+type Received = (String, Vec<(String, String)>, i64, f64);
+
+/// Every sample the backend received.
+fn received(rec: &Recorded) -> Vec<Received> {
+    let mut out = Vec::new();
+    for (_, body) in rec.requests() {
+        for ts in decode(&body).timeseries {
+            let name = ts
+                .labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .map(|l| l.value.clone())
+                .unwrap_or_default();
+            let labels: Vec<(String, String)> = ts
+                .labels
+                .iter()
+                .filter(|l| l.name != "__name__")
+                .map(|l| (l.name.clone(), l.value.clone()))
+                .collect();
+            for s in ts.samples {
+                out.push((name.clone(), labels.clone(), s.timestamp, s.value));
+            }
+        }
+    }
+    out
+}
+
+fn names(rec: &Recorded) -> Vec<String> {
+    let mut n: Vec<String> = received(rec).into_iter().map(|r| r.0).collect();
+    n.sort();
+    n.dedup();
+    n
+}
+
+fn one(name: &str, labels: &[(&str, &str)], value: f64, ts: i64) -> Vec<u8> {
+    let mut l = vec![("__name__", name)];
+    l.extend_from_slice(labels);
+    encode(&pb::WriteRequest {
+        timeseries: vec![series(&l, &[(value, ts)])],
+        ..Default::default()
+    })
+}
+
+async fn post_ok(url: &str, body: Vec<u8>) {
+    let r = common::post(url, body, RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reload_under_load_fails_and_loses_no_request_and_switches_rules() {
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let without_pack = format!(
+        "derived: {{enabled: false}}\n{}",
+        backend_yaml(&backend, "1")
+    );
+    let with_pack = format!("{without_pack}packs:\n  files: [mine.yaml]\n");
+    let s = Served::start(
+        "load",
+        &without_pack,
+        &[("mine.yaml", PACK)],
+        &["--web.enable-lifecycle"],
+    )
+    .await;
+    let write = s.url("/api/v1/write");
+
+    // Before any reload: no pack, the series passes as it is.
+    post_ok(&write, one("reload_old", &[("job", "x")], 1.0, 1)).await;
+    assert!(names(&rec).contains(&"reload_old".to_string()));
+
+    const SENDERS: usize = 4;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..SENDERS {
+        let (stop, failures, sent, write) =
+            (stop.clone(), failures.clone(), sent.clone(), write.clone());
+        tasks.push(tokio::spawn(async move {
+            // One keep-alive client per sender, as Prometheus' queue shards.
+            let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            let task_label = task.to_string();
+            let mut seq: i64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let body = one("reload_probe", &[("task", &task_label)], seq as f64, seq);
+                let mut req = axum::http::Request::post(&write);
+                for (k, v) in RW_HEADERS {
+                    req = req.header(*k, *v);
+                }
+                match client
+                    .request(req.body(Full::new(Bytes::from(body))).unwrap())
+                    .await
+                {
+                    Ok(resp) => {
+                        let status = resp.status();
+                        let text = resp.into_body().collect().await.map(|b| b.to_bytes());
+                        if status != 204 {
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("task {task} seq {seq}: {status} {text:?}"));
+                        }
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("task {task} seq {seq}: {e}")),
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            seq
+        }));
+    }
+
+    // Six reloads while they send, alternating SIGHUP and POST /-/reload, the pack on
+    // and off.
+    let mut last_ts = s.reload_status().await.1;
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.write_config(if i % 2 == 0 {
+            &with_pack
+        } else {
+            &without_pack
+        });
+        let (ok, ts) = if i % 3 == 0 {
+            s.sighup_and_wait().await
+        } else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            s.reload_status().await
+        };
+        assert_eq!(ok, 1.0, "{}", s.logs());
+        assert!(
+            ts > last_ts,
+            "reload {i}: timestamp {ts} not after {last_ts}"
+        );
+        last_ts = ts;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut per_task = Vec::new();
+    for t in tasks {
+        per_task.push(t.await.unwrap());
+    }
+    let failures = failures.lock().unwrap().clone();
+    assert!(failures.is_empty(), "failed requests: {failures:#?}");
+    let total: i64 = per_task.iter().sum();
+    assert_eq!(total as usize, sent.load(Ordering::Relaxed));
+    assert!(total >= 40, "only {total} requests sent in the run");
+    eprintln!("{total} requests from {SENDERS} senders, all 204, all delivered once");
+
+    // Every probe sample arrived, once.
+    let mut probes: Vec<(String, i64)> = received(&rec)
+        .into_iter()
+        .filter(|r| r.0 == "reload_probe")
+        .map(|r| (r.1[0].1.clone(), r.2))
+        .collect();
+    probes.sort();
+    let mut expected: Vec<(String, i64)> = per_task
+        .iter()
+        .enumerate()
+        .flat_map(|(t, &n)| (1..=n).map(move |seq| (t.to_string(), seq)))
+        .collect();
+    expected.sort();
+    assert_eq!(probes.len(), expected.len(), "samples lost or duplicated");
+    assert_eq!(probes, expected);
+
+    // The last reload turned the pack off; switch it on once more, with four reloads at
+    // once (they run one after the other) and a SIGHUP among them (6 + 5 reloads in
+    // all): renamed from now on.
+    s.write_config(&with_pack);
+    let reload_url = s.url("/-/reload");
+    let concurrent: Vec<_> = (0..4)
+        .map(|_| {
+            let url = reload_url.clone();
+            tokio::spawn(async move { common::post(&url, vec![], &[]).await })
+        })
+        .collect();
+    s.sighup();
+    for r in concurrent {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.reloads_logged() < 11 {
+        assert!(Instant::now() < deadline, "{}", s.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    post_ok(&write, one("reload_old", &[("job", "y")], 2.0, 2)).await;
+    let after: Vec<_> = received(&rec)
+        .into_iter()
+        .filter(|r| r.1.contains(&("job".into(), "y".into())))
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(after, ["reload_new"]);
+    let logs = s.logs();
+    assert_eq!(logs.matches("configuration reloaded").count(), 11, "{logs}");
+    assert!(!logs.contains("configuration reload failed"), "{logs}");
+    assert!(logs.contains("SIGHUP received"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_file_keeps_the_running_rules_and_says_where() {
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let config = format!(
+        "derived: {{enabled: false}}\npacks:\n  files: [mine.yaml]\n{}",
+        backend_yaml(&backend, "1")
+    );
+    let s = Served::start(
+        "broken",
+        &config,
+        &[("mine.yaml", PACK)],
+        &["--web.enable-lifecycle"],
+    )
+    .await;
+    let write = s.url("/api/v1/write");
+    let (ok, started) = s.reload_status().await;
+    assert_eq!(ok, 1.0);
+    assert!(started > 1.7e9, "start-up sets the timestamp: {started}");
+
+    // A broken mapping file: an unclosed flow mapping on line 3.
+    let pack = s.path("mine.yaml");
+    write_atomically(
+        &pack,
+        "pack: mine\nrules:\n  - match: {family: reload_old\n    rename: reload_new\n",
+    );
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    let at = format!("{}:", pack.display());
+    let position = |text: &str| {
+        text.find(&at).is_some_and(|i| {
+            let rest = &text[i + at.len()..];
+            let mut parts = rest.splitn(3, ':');
+            let line = parts.next().unwrap_or("");
+            let col = parts.next().unwrap_or("");
+            line.parse::<u32>().is_ok() && col.parse::<u32>().is_ok()
+        })
+    };
+    assert!(position(&r.body), "no file:line:column in {:?}", r.body);
+    let logs = s.logs();
+    assert!(
+        logs.contains("configuration reload failed") && position(&logs),
+        "{logs}"
+    );
+    let (ok, ts) = s.reload_status().await;
+    assert_eq!(ok, 0.0);
+    assert_eq!(ts, started, "a failed reload leaves the success timestamp");
+    // The running rules stay: still renamed.
+    post_ok(&write, one("reload_old", &[("job", "a")], 1.0, 1)).await;
+    assert_eq!(names(&rec), ["reload_new"]);
+
+    // A broken configuration file (unknown key) through SIGHUP: the same.
+    s.write_config(&format!("{config}no_such_key: 1\n"));
+    let (ok, _) = s.sighup_and_wait().await;
+    assert_eq!(ok, 0.0);
+    let logs = s.logs();
+    assert_eq!(
+        logs.matches("configuration reload failed").count(),
+        2,
+        "{logs}"
+    );
+    assert!(logs.contains(&format!("{}:", s.config.display())), "{logs}");
+
+    // Both fixed, with a new rename: 1 again, a newer timestamp, the new rules.
+    s.write_config(&config);
+    write_atomically(
+        &pack,
+        "pack: mine\nrules:\n  - match: {family: reload_old}\n    rename: reload_fixed\n",
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (ok, ts) = s.reload_status().await;
+    assert_eq!(ok, 1.0);
+    assert!(ts > started, "{ts} not after {started}");
+    post_ok(&write, one("reload_old", &[("job", "b")], 1.0, 2)).await;
+    assert_eq!(names(&rec), ["reload_fixed", "reload_new"]);
+}
+
+/// The derived ratio's samples the backend received, by timestamp, with the `X-Gen`
+/// header of the request that carried each.
+fn ratios(rec: &Recorded) -> Vec<(i64, f64, String)> {
+    let mut out = Vec::new();
+    for (headers, body) in rec.requests() {
+        let gen_ = headers
+            .get("x-gen")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        for ts in decode(&body).timeseries {
+            if ts
+                .labels
+                .iter()
+                .any(|l| l.name == "__name__" && l.value == "vllm:prefix_cache_hit_ratio")
+            {
+                for s in ts.samples {
+                    out.push((s.timestamp, s.value, gen_.clone()));
+                }
+            }
+        }
+    }
+    out.sort_by_key(|r| r.0);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_state_survives_a_reload_that_does_not_touch_it() {
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let derived = "derived: {flush_interval: 50ms}\n";
+    let s = Served::start(
+        "derived",
+        &format!("{derived}{}", backend_yaml(&backend, "1")),
+        &[],
+        &[],
+    )
+    .await;
+    let write = s.url("/api/v1/write");
+    // Without --web.enable-lifecycle, POST /-/reload is refused.
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 403);
+    assert!(r.body.contains("--web.enable-lifecycle"), "{}", r.body);
+
+    let point = |hits: f64, queries: f64, t: i64| {
+        encode(&pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[
+                        ("__name__", "vllm:prefix_cache_hits_total"),
+                        ("model_name", "m"),
+                    ],
+                    &[(hits, t)],
+                ),
+                series(
+                    &[
+                        ("__name__", "vllm:prefix_cache_queries_total"),
+                        ("model_name", "m"),
+                    ],
+                    &[(queries, t)],
+                ),
+            ],
+            ..Default::default()
+        })
+    };
+    let wait_for = |t: i64| {
+        let rec = rec.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !ratios(&rec).iter().any(|r| r.0 == t) {
+                assert!(Instant::now() < deadline, "no derived sample at {t}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    post_ok(&write, point(10.0, 20.0, 1_000)).await;
+    post_ok(&write, point(20.0, 40.0, 16_000)).await;
+    wait_for(16_000).await;
+
+    // Only a backend header changes (and `listen`, which needs a restart): the ratio's
+    // next point needs no warm-up, and leaves with the new header.
+    s.write_config_raw(&format!(
+        "listen: 127.0.0.1:1\n{derived}{}",
+        backend_yaml(&backend, "2")
+    ));
+    let (ok, _) = s.sighup_and_wait().await;
+    assert_eq!(ok, 1.0, "{}", s.logs());
+    post_ok(&write, point(25.0, 50.0, 31_000)).await;
+    wait_for(31_000).await;
+    let got = ratios(&rec);
+    assert_eq!(
+        got,
+        [
+            (16_000, 0.5, "1".to_string()),
+            (31_000, 0.5, "2".to_string())
+        ]
+    );
+    let logs = s.logs();
+    assert!(
+        logs.contains("listen changed: it takes effect only after a restart"),
+        "{logs}"
+    );
+    assert!(logs.contains("derived_state_kept=true"), "{logs}");
+
+    // A pack change resets derived state (documented): the next point is a warm-up.
+    s.write_config(&format!(
+        "{derived}keep_original: true\n{}",
+        backend_yaml(&backend, "3")
+    ));
+    let (ok, _) = s.sighup_and_wait().await;
+    assert_eq!(ok, 1.0, "{}", s.logs());
+    post_ok(&write, point(30.0, 60.0, 46_000)).await;
+    post_ok(&write, point(40.0, 80.0, 61_000)).await;
+    wait_for(61_000).await;
+    assert!(
+        !ratios(&rec).iter().any(|r| r.0 == 46_000),
+        "{:?}",
+        ratios(&rec)
+    );
+    assert!(s.logs().contains("derived_state_kept=false"));
+}
