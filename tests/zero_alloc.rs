@@ -279,3 +279,40 @@ fn derived_state_bytes_per_series() {
         "state per series over the documented bound of 512 bytes"
     );
 }
+
+/// Splitting the mapped requests by tenant (`wire::split`, one body per `instance`)
+/// allocates nothing once warm.
+#[test]
+fn zero_alloc_tenant_split() {
+    use promnorm::wire::split::{SplitOptions, TenantSplit};
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let pipeline = Config::embedded_default().pipeline().unwrap();
+    let mut ws = pipeline.take_workspace();
+    let mut split = TenantSplit::new();
+    let opts = SplitOptions {
+        label: b"instance",
+        default: Some(b"anonymous"),
+        keep_label: false,
+        max_tenants: 1000,
+    };
+    let mut run = |bodies: &[Vec<u8>]| {
+        let (mut allocs, mut tenants, mut series) = (0u64, 0usize, 0usize);
+        for b in bodies {
+            pipeline.process(&mut ws, b).expect("valid payload");
+            let before = allocations();
+            let out = split.split(&ws.encoded, &opts).expect("splits");
+            allocs += allocations() - before;
+            tenants = tenants.max(out.len());
+            series += out.iter().map(|t| t.series).sum::<usize>();
+        }
+        (allocs, tenants, series)
+    };
+    let half = bodies.len() / 2;
+    run(&bodies[..half]);
+    let (allocs, tenants, series) = run(&bodies[half..]);
+    eprintln!(
+        "zero_alloc_tenant_split: up to {tenants} tenants a request, {series} series, {allocs} allocations"
+    );
+    assert!(tenants >= 2 && series > 0);
+    assert_eq!(allocs, 0, "the warm split allocated");
+}

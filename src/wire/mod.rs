@@ -7,6 +7,7 @@ pub mod encode;
 pub mod encode_v2;
 pub mod pb;
 pub mod snappy;
+pub mod split;
 
 /// Generated (owned) prost types: used by tests as the decoding oracle and by tools;
 /// the hot path never builds them.
