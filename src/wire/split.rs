@@ -63,6 +63,9 @@ pub struct TenantSplit {
 
 const NO_TENANT_KEY: u64 = u64::MAX;
 
+/// `[start, end)` of the request buffer.
+type Bounds = (usize, usize);
+
 impl TenantSplit {
     pub fn new() -> Self {
         Self::default()
@@ -178,11 +181,7 @@ impl TenantSplit {
     }
 }
 
-fn label(
-    buf: &[u8],
-    start: usize,
-    end: usize,
-) -> Result<((usize, usize), (usize, usize)), DecodeError> {
+fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
     let mut name = (start, start);
     let mut value = (start, start);
     let mut r = Reader::new(buf, start, end);
