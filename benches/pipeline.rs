@@ -6,7 +6,10 @@
 //!
 //! Stages: `snappy_decode`, `protobuf_decode`, `map_encode_passthrough` (re-encoding with
 //! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
-//! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on).
+//! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on) for
+//! 1.0 in → 1.0 out (`all_packs_derived`), 2.0 in → 1.0 out (`rw2_in_rw1_out`) and 2.0
+//! in → 2.0 out (`rw2_in_rw2_out`, the 2.0 body with its symbols table made too), the
+//! 2.0 requests being the same requests as a 2.0 sender sends them.
 
 use promnorm::app::Assemble;
 use std::sync::Arc;
@@ -15,6 +18,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use promnorm::config::{Config, PeakConfig};
 use promnorm::derive::{DeriveScratch, Emitted};
 use promnorm::mapping::{MapContext, Mapper, Rules};
+use promnorm::pipeline::InputProtocol;
+use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
 #[path = "../tests/support/fleet.rs"]
@@ -163,6 +168,38 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
             })
         },
     );
+    // The same requests as 2.0 (converted before measuring).
+    let mut v2 = V2Encoder::new();
+    let mut v2_raw = Vec::new();
+    let v2_bodies: Vec<Vec<u8>> = raws
+        .iter()
+        .map(|raw| {
+            v2.encode(raw, None, &mut v2_raw).expect("valid request");
+            snap::raw::Encoder::new()
+                .compress_vec(&v2_raw)
+                .expect("compressible")
+        })
+        .collect();
+    for (name, output_v2) in [("rw2_in_rw1_out", false), ("rw2_in_rw2_out", true)] {
+        g.bench_with_input(
+            BenchmarkId::new("end_to_end", name),
+            &v2_bodies,
+            |b, bodies| {
+                b.iter(|| {
+                    let k = next(bodies.len());
+                    let p = pipeline
+                        .process_as(&mut ws, &bodies[k], InputProtocol::V2)
+                        .expect("valid");
+                    if output_v2 {
+                        pipeline.encode_v2(&mut ws).expect("2.0 output");
+                    }
+                    drained.clear();
+                    deriver.drain(&mut drained);
+                    p
+                })
+            },
+        );
+    }
     g.finish();
 }
 

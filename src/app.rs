@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use crate::config::{
-    BUILTIN_PACKS, BackendConfig, BuiltinPacks, Config, ConfigError, QueueConfig, QueueType,
-    WhenFullConfig, yaml,
+    BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config, ConfigError,
+    QueueConfig, QueueType, WhenFullConfig, yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
-    BackendError, BackendOptions, BasicCredentials, HttpBackend, Sink, TlsOptions,
+    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend, Sink, TlsOptions,
 };
 use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
 
@@ -289,6 +289,11 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
         tls: TlsOptions {
             ca_file: cfg.tls.ca_file.clone(),
             insecure_skip_verify: cfg.tls.insecure_skip_verify,
+        },
+        protocol: match cfg.protocol {
+            BackendProtocolConfig::V1 => BackendProtocol::V1,
+            BackendProtocolConfig::V2 => BackendProtocol::V2,
+            BackendProtocolConfig::Auto => BackendProtocol::Auto,
         },
     })
 }

@@ -2,10 +2,11 @@
 //! snappy decode → protobuf view → map → derive → encode → snappy encode, on reusable
 //! buffers. Derived samples leave through the deriver's queues, not this request.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
 use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapper, Rules};
+use crate::wire::encode_v2::{MetadataMemory, StripScratch, V2Encoder, strip_v2};
 use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +38,13 @@ pub struct Workspace {
     compressed: Vec<u8>,
     compressed_len: usize,
     derive_scratch: DeriveScratch,
+    /// The 1.0 body without 2.0's start timestamps, when the request had some.
+    plain: Vec<u8>,
+    strip: StripScratch,
+    v2: V2Encoder,
+    v2_raw: Vec<u8>,
+    compressed_v2: Vec<u8>,
+    compressed_v2_len: usize,
 }
 
 /// A pooled workspace whose largest buffer holds more than this is freed rather than
@@ -52,11 +60,23 @@ impl Workspace {
             .capacity()
             .max(self.encoded.capacity())
             .max(self.compressed.capacity())
+            .max(self.v2_raw.capacity())
+            .max(self.plain.capacity())
     }
 
     /// The snappy-compressed output of the last [`Pipeline::process`].
     pub fn compressed(&self) -> &[u8] {
         &self.compressed[..self.compressed_len]
+    }
+
+    /// The snappy-compressed 2.0 output of the last [`Pipeline::encode_v2`].
+    pub fn compressed_v2(&self) -> &[u8] {
+        &self.compressed_v2[..self.compressed_v2_len]
+    }
+
+    /// The uncompressed 2.0 output of the last [`Pipeline::encode_v2`].
+    pub fn encoded_v2(&self) -> &[u8] {
+        &self.v2_raw
     }
 
     /// The decompressed input of the last request.
@@ -72,14 +92,26 @@ pub struct Processed {
     pub samples_in: usize,
     pub histograms_in: usize,
     pub metadata_in: usize,
+    pub exemplars_in: usize,
     /// True when nothing is left to forward (every series dropped by rules, no metadata).
     pub empty: bool,
+}
+
+/// The remote-write version of a request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputProtocol {
+    /// `prometheus.WriteRequest`.
+    V1,
+    /// `io.prometheus.write.v2.Request`.
+    V2,
 }
 
 pub struct Pipeline {
     rules: Arc<Rules>,
     deriver: Option<Arc<Deriver>>,
     counters: Option<Arc<CounterFamilies>>,
+    /// Families' metadata seen so far, attached to the 2.0 series of later requests.
+    metadata_memory: RwLock<MetadataMemory>,
     limits: PipelineLimits,
     #[allow(clippy::vec_box)] // workspaces move in and out of the pool as one pointer
     pool: Mutex<Vec<Box<Workspace>>>,
@@ -91,6 +123,7 @@ impl Pipeline {
             rules,
             deriver: None,
             counters: None,
+            metadata_memory: RwLock::new(MetadataMemory::default()),
             limits,
             pool: Mutex::new(Vec::new()),
         }
@@ -154,25 +187,50 @@ impl Pipeline {
         }
     }
 
-    /// Decompresses a snappy body into the workspace, then runs [`Pipeline::process_raw`].
+    /// Decompresses a snappy 1.0 body into the workspace, then runs
+    /// [`Pipeline::process_raw`].
     pub fn process(&self, ws: &mut Workspace, body: &[u8]) -> Result<Processed, DecodeError> {
+        self.process_as(ws, body, InputProtocol::V1)
+    }
+
+    /// [`Pipeline::process`] for a body of the given remote-write version. Both versions
+    /// decode into the same view, so mapping, derive and the output are the same.
+    pub fn process_as(
+        &self,
+        ws: &mut Workspace,
+        body: &[u8],
+        protocol: InputProtocol,
+    ) -> Result<Processed, DecodeError> {
         let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
         ws.raw_len =
             snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
-        self.run(ws)
+        self.run(ws, protocol)
     }
 
     /// Runs the pipeline on an uncompressed `WriteRequest` (used by `normalize`).
     pub fn process_raw(&self, ws: &mut Workspace, raw: &[u8]) -> Result<Processed, DecodeError> {
+        self.process_raw_as(ws, raw, InputProtocol::V1)
+    }
+
+    /// [`Pipeline::process_raw`] for an uncompressed body of the given version.
+    pub fn process_raw_as(
+        &self,
+        ws: &mut Workspace,
+        raw: &[u8],
+        protocol: InputProtocol,
+    ) -> Result<Processed, DecodeError> {
         ws.raw.clear();
         ws.raw.extend_from_slice(raw);
         ws.raw_len = raw.len();
-        self.run(ws)
+        self.run(ws, protocol)
     }
 
-    fn run(&self, ws: &mut Workspace) -> Result<Processed, DecodeError> {
+    fn run(&self, ws: &mut Workspace, protocol: InputProtocol) -> Result<Processed, DecodeError> {
         let input = &ws.raw[..ws.raw_len];
-        ws.decoded.decode(input, self.limits.decode)?;
+        match protocol {
+            InputProtocol::V1 => ws.decoded.decode(input, self.limits.decode)?,
+            InputProtocol::V2 => ws.decoded.decode_v2(input, self.limits.decode)?,
+        }
         ws.encoded.clear();
         let ctx = MapContext {
             taps: self.deriver.as_ref().map(|d| d.taps()),
@@ -184,14 +242,52 @@ impl Pipeline {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }
         let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
-        ws.compressed_len = snappy::compress_into(encoder, &ws.encoded, &mut ws.compressed);
+        // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field for them.
+        let v1: &[u8] = if ws.decoded.has_start_timestamps {
+            strip_v2(&ws.encoded, &mut ws.plain, &mut ws.strip)?;
+            &ws.plain
+        } else {
+            &ws.encoded
+        };
+        ws.compressed_len = snappy::compress_into(encoder, v1, &mut ws.compressed);
+        ws.compressed_v2_len = 0;
         Ok(Processed {
             series_in: ws.decoded.series.len(),
             samples_in: ws.decoded.sample_count(),
             histograms_in: ws.decoded.histogram_count(),
             metadata_in: ws.decoded.metadata.len(),
+            exemplars_in: ws.decoded.exemplars.len(),
             empty: ws.encoded.is_empty(),
         })
+    }
+
+    /// Encodes the last processed request as remote-write 2.0 (see
+    /// [`Workspace::compressed_v2`]); returns the number of series it holds. Series get
+    /// the metadata of their family from the request or, failing that, from earlier
+    /// requests.
+    pub fn encode_v2(&self, ws: &mut Workspace) -> Result<usize, DecodeError> {
+        let written = {
+            let memory = self.metadata_memory.read().ok();
+            let written = ws
+                .v2
+                .encode(&ws.encoded, memory.as_deref(), &mut ws.v2_raw)?;
+            let news = memory
+                .as_deref()
+                .is_some_and(|m| ws.v2.metadata_news(&ws.encoded, m));
+            drop(memory);
+            if news && let Ok(mut m) = self.metadata_memory.write() {
+                ws.v2.remember_metadata(&ws.encoded, &mut m);
+            }
+            written
+        };
+        let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
+        ws.compressed_v2_len = snappy::compress_into(encoder, &ws.v2_raw, &mut ws.compressed_v2);
+        Ok(written.series)
+    }
+
+    /// Families whose metadata is remembered for 2.0 output.
+    pub fn remembered_metadata(&self) -> usize {
+        self.metadata_memory.read().map(|m| m.len()).unwrap_or(0)
     }
 
     pub fn stats<'a>(&self, ws: &'a Workspace) -> &'a MapStats {

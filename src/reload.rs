@@ -25,7 +25,7 @@ use crate::app::{Assemble, BuildError, backend_options, queue_options, server_op
 use crate::config::{BackendConfig, Config, ConfigError, LogFormat, yaml};
 use crate::derive::DeriveSettings;
 use crate::forward::queue::{QueueOptions, QueueState, QueuedSink};
-use crate::forward::{BackendOptions, Encoded, Forwarder, HttpBackend, SendFuture, Sink};
+use crate::forward::{BackendOptions, Forwarder, HttpBackend, Payload, SendFuture, Sink};
 use crate::server::{AppState, Live, ReloadHook};
 use crate::telemetry;
 
@@ -82,8 +82,11 @@ impl Sink for SharedSink {
     fn name(&self) -> &str {
         self.0.name()
     }
-    fn send<'a>(&'a self, body: Encoded, incoming: &'a http::HeaderMap) -> SendFuture<'a> {
+    fn send<'a>(&'a self, body: Payload, incoming: &'a http::HeaderMap) -> SendFuture<'a> {
         self.0.send(body, incoming)
+    }
+    fn wants_v2(&self) -> bool {
+        self.0.wants_v2()
     }
     fn pass_headers(&self) -> &[http::HeaderName] {
         self.0.pass_headers()

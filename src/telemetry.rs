@@ -255,6 +255,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "1 while the backend refuses promnorm's credentials or URL (401, 403, 404, 405, 407).",
     ),
+    (
+        BACKEND_V1_FALLBACK,
+        Kind::Gauge,
+        "1 once a `protocol: auto` backend showed it speaks only remote-write 1.0 (it is sent 1.0 from then on).",
+    ),
     (CONNECTIONS_OPEN, Kind::Gauge, "Open client connections."),
     (
         CONFIG_RELOAD_SUCCESSFUL,
@@ -330,6 +335,7 @@ pub const DERIVED_STATE_SERIES: &str = "promnorm_derived_state_series";
 pub const BACKEND_REQUESTS: &str = "promnorm_backend_requests_total";
 pub const BACKEND_DURATION: &str = "promnorm_backend_request_duration_seconds";
 pub const BACKEND_MISCONFIGURED: &str = "promnorm_backend_misconfigured";
+pub const BACKEND_V1_FALLBACK: &str = "promnorm_backend_remote_write_v1_fallback";
 pub const CONNECTIONS_OPEN: &str = "promnorm_http_connections_open";
 pub const BUILD_INFO: &str = "promnorm_build_info";
 pub const CONFIG_RELOAD_SUCCESSFUL: &str = "promnorm_config_last_reload_successful";
@@ -451,6 +457,11 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
     } else {
         0.0
     });
+}
+
+/// A `protocol: auto` backend turned out to speak only 1.0.
+pub fn backend_protocol_fallback(backend: &str) {
+    metrics::gauge!(BACKEND_V1_FALLBACK, "backend" => backend.to_string()).set(1.0);
 }
 
 /// The outcome of loading the configuration (start-up or reload), as Prometheus writes

@@ -19,18 +19,25 @@ use promnorm::app::Assemble;
 use std::path::{Path, PathBuf};
 
 use promnorm::config::Config;
+use promnorm::normalize::Protocols;
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
 fn run_case(config: &Config, scrapes: &[PathBuf]) -> String {
+    run_case_with(config, scrapes, Protocols::default())
+}
+
+/// A case through the given remote-write versions (sender's and backend's).
+fn run_case_with(config: &Config, scrapes: &[PathBuf], protocols: Protocols) -> String {
     let pipeline = config.pipeline().expect("configuration is valid");
     let inputs: Vec<(String, String)> = scrapes
         .iter()
         .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
         .collect();
-    promnorm::normalize::normalize(&pipeline, &inputs, 15_000).unwrap_or_else(|e| panic!("{e}"))
+    promnorm::normalize::normalize_with(&pipeline, &inputs, 15_000, protocols)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The dumps listed in `list` (names in `tests/golden/`), each normalised on its own.
@@ -44,11 +51,11 @@ fn dump_list(list: &Path) -> Vec<String> {
         .collect()
 }
 
-fn run_dumps(config: &Config, list: &Path) -> String {
+fn run_dumps(config: &Config, list: &Path, protocols: Protocols) -> String {
     let mut out = String::new();
     for f in dump_list(list) {
         out += &format!("# {f}\n");
-        out += &run_case(config, &[golden_dir().join(&f)]);
+        out += &run_case_with(config, &[golden_dir().join(&f)], protocols);
     }
     out
 }
@@ -70,6 +77,25 @@ fn check(expected: &Path, got: &str, failures: &mut Vec<String>) {
 
 #[test]
 fn golden_files() {
+    golden_files_with(Protocols::default());
+}
+
+/// Every golden case sent as 2.0 and read at a 1.0 backend, sent as 1.0 and read at a
+/// 2.0 backend, and 2.0 end to end: the same expected output, derived series included.
+#[test]
+fn golden_files_through_remote_write_2_0() {
+    if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
+        return; // the expected files are written from 1.0 only
+    }
+    for (input_v2, output_v2) in [(true, false), (false, true), (true, true)] {
+        golden_files_with(Protocols {
+            input_v2,
+            output_v2,
+        });
+    }
+}
+
+fn golden_files_with(protocols: Protocols) {
     let mut entries: Vec<_> = std::fs::read_dir(golden_dir())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -83,7 +109,7 @@ fn golden_files() {
         }
         if path.is_dir() && path.join("dumps").exists() {
             let config = Config::load(&path.join("config.yaml")).unwrap_or_else(|e| panic!("{e}"));
-            let got = run_dumps(&config, &path.join("dumps"));
+            let got = run_dumps(&config, &path.join("dumps"), protocols);
             check(&path.join("expected.out"), &got, &mut failures);
             multi += 1;
         } else if path.is_dir() {
@@ -109,18 +135,26 @@ fn golden_files() {
                 "{}: needs 1.prom, 2.prom, ...",
                 path.display()
             );
-            let got = run_case(&config, &scrapes);
+            let got = run_case_with(&config, &scrapes, protocols);
             check(&path.join("expected.out"), &got, &mut failures);
             multi += 1;
         } else if path.extension().is_some_and(|x| x == "prom") {
-            let got = run_case(&Config::embedded_default(), std::slice::from_ref(path));
+            let got = run_case_with(
+                &Config::embedded_default(),
+                std::slice::from_ref(path),
+                protocols,
+            );
             check(&path.with_extension("out"), &got, &mut failures);
             single += 1;
         }
     }
     assert!(single >= 12 && multi >= 4, "golden cases present");
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    println!("{single} single-scrape and {multi} multi-scrape golden cases");
+    assert!(
+        failures.is_empty(),
+        "{protocols:?}: {}",
+        failures.join("\n")
+    );
+    println!("{single} single-scrape and {multi} multi-scrape golden cases ({protocols:?})");
 }
 
 /// The metadata the pipeline forwards for one scrape, as text.

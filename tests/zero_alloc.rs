@@ -5,6 +5,10 @@
 //!   packs → derived series → encode → snappy encode) on 2,000-series requests of the
 //!   synthetic fleet of `tests/support/fleet.rs` allocates nothing once warm. Run:
 //!   `cargo test --release --test zero_alloc -- --nocapture`.
+//! - `zero_alloc_pipeline_remote_write_2_0`: the same for 2.0 requests (the fleet's
+//!   requests as a 2.0 sender sends them), to a 1.0 and to a 2.0 backend (decode, map,
+//!   derive, the 1.0 body and the 2.0 body with its symbols table), and for 1.0 requests
+//!   to a 2.0 backend.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
 
 use promnorm::app::Assemble;
@@ -15,7 +19,8 @@ use std::sync::Arc;
 use promnorm::config::Config;
 use promnorm::derive::{DeriveSettings, Deriver, Emitted};
 use promnorm::mapping::Rules;
-use promnorm::pipeline::{Pipeline, PipelineLimits};
+use promnorm::pipeline::{InputProtocol, Pipeline, PipelineLimits};
+use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::proto::prometheus as pb;
 use prost::Message;
 
@@ -72,16 +77,60 @@ fn zero_alloc_pipeline() {
         bodies.len() >= 60,
         "need at least 60 requests (4 rounds of the fleet)"
     );
-    let default_bytes = check_zero_alloc(&bodies, Config::embedded_default(), "default");
+    let v1_only = Flow {
+        input: InputProtocol::V1,
+        output_v2: false,
+    };
+    let default_bytes = check_zero_alloc(&bodies, Config::embedded_default(), "default", v1_only);
     // With the genai pack on, every engine latency histogram and token counter of the
     // fleet is also copied: the copies reuse the same buffers.
     let genai = Config::parse("packs:\n  builtin: {genai: true}\n", "genai.yaml").unwrap();
-    let genai_bytes = check_zero_alloc(&bodies, genai, "genai");
+    let genai_bytes = check_zero_alloc(&bodies, genai, "genai", v1_only);
     assert!(genai_bytes > default_bytes, "genai added no series");
 }
 
+/// The fleet's requests as a 2.0 sender would send them (converted before counting).
+fn as_v2(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut enc = V2Encoder::new();
+    let mut out = Vec::new();
+    bodies
+        .iter()
+        .map(|b| {
+            let raw = snap::raw::Decoder::new().decompress_vec(b).unwrap();
+            enc.encode(&raw, None, &mut out).expect("valid 1.0 request");
+            snap::raw::Encoder::new().compress_vec(&out).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn zero_alloc_pipeline_remote_write_2_0() {
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 100);
+    let v2_bodies = as_v2(&bodies);
+    // 2.0 in: the 1.0 body is always made; with a 2.0 backend, the 2.0 body too.
+    for (output_v2, what) in [(false, "2.0 in, 1.0 out"), (true, "2.0 in, 2.0 out")] {
+        let flow = Flow {
+            input: InputProtocol::V2,
+            output_v2,
+        };
+        check_zero_alloc(&v2_bodies, Config::embedded_default(), what, flow);
+    }
+    let flow = Flow {
+        input: InputProtocol::V1,
+        output_v2: true,
+    };
+    check_zero_alloc(&bodies, Config::embedded_default(), "1.0 in, 2.0 out", flow);
+}
+
+/// Which versions a run goes through.
+#[derive(Clone, Copy)]
+struct Flow {
+    input: InputProtocol,
+    output_v2: bool,
+}
+
 /// Asserts that the warm pipeline allocates nothing; returns the bytes it wrote.
-fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str) -> usize {
+fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str, flow: Flow) -> usize {
     cfg.derived.peaks = vec![promnorm::config::PeakConfig {
         matchers: Default::default(),
         gpu: Some("H100-SXM".into()),
@@ -99,7 +148,13 @@ fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str) -> usize {
         let (mut samples, mut derived, mut count) = (0u64, 0usize, 0u64);
         for b in bodies {
             let before = allocations();
-            let p = pipeline.process(&mut ws, b).expect("valid payload");
+            let p = pipeline
+                .process_as(&mut ws, b, flow.input)
+                .expect("valid payload");
+            if flow.output_v2 {
+                let series = pipeline.encode_v2(&mut ws).expect("2.0 output");
+                assert!(series > 0 && !ws.compressed_v2().is_empty());
+            }
             drained.clear();
             deriver.drain(&mut drained);
             encoded.clear();
@@ -223,4 +278,41 @@ fn derived_state_bytes_per_series() {
         per_series < 512.0,
         "state per series over the documented bound of 512 bytes"
     );
+}
+
+/// Splitting the mapped requests by tenant (`wire::split`, one body per `instance`)
+/// allocates nothing once warm.
+#[test]
+fn zero_alloc_tenant_split() {
+    use promnorm::wire::split::{SplitOptions, TenantSplit};
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let pipeline = Config::embedded_default().pipeline().unwrap();
+    let mut ws = pipeline.take_workspace();
+    let mut split = TenantSplit::new();
+    let opts = SplitOptions {
+        label: b"instance",
+        default: Some(b"anonymous"),
+        keep_label: false,
+        max_tenants: 1000,
+    };
+    let mut run = |bodies: &[Vec<u8>]| {
+        let (mut allocs, mut tenants, mut series) = (0u64, 0usize, 0usize);
+        for b in bodies {
+            pipeline.process(&mut ws, b).expect("valid payload");
+            let before = allocations();
+            let out = split.split(&ws.encoded, &opts).expect("splits");
+            allocs += allocations() - before;
+            tenants = tenants.max(out.len());
+            series += out.iter().map(|t| t.series).sum::<usize>();
+        }
+        (allocs, tenants, series)
+    };
+    let half = bodies.len() / 2;
+    run(&bodies[..half]);
+    let (allocs, tenants, series) = run(&bodies[half..]);
+    eprintln!(
+        "zero_alloc_tenant_split: up to {tenants} tenants a request, {series} series, {allocs} allocations"
+    );
+    assert!(tenants >= 2 && series > 0);
+    assert_eq!(allocs, 0, "the warm split allocated");
 }

@@ -235,6 +235,10 @@ pub struct BackendConfig {
     /// Delivery queue (docs/queues.md); `type: none` forwards synchronously.
     #[serde(default)]
     pub queue: QueueConfig,
+    /// Remote-write version sent to this backend: `v1`, `v2`, or `auto` (2.0 until the
+    /// backend shows it speaks only 1.0, then 1.0 for good).
+    #[serde(default)]
+    pub protocol: BackendProtocolConfig,
 }
 
 /// A backend's delivery queue.
@@ -299,6 +303,19 @@ pub enum WhenFullConfig {
     DropOldest,
 }
 
+/// `backends[].protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendProtocolConfig {
+    /// Remote-write 1.0, what every receiver accepts.
+    #[default]
+    V1,
+    /// Remote-write 2.0.
+    V2,
+    /// 2.0, falling back to 1.0 for good on a `415` or a `2xx` without the written headers.
+    Auto,
+}
+
 impl BackendConfig {
     /// A backend with every setting at its default.
     pub fn from_url(url: String) -> BackendConfig {
@@ -312,6 +329,7 @@ impl BackendConfig {
             bearer_token: None,
             tls: TlsConfig::default(),
             queue: QueueConfig::default(),
+            protocol: BackendProtocolConfig::default(),
         }
     }
 
@@ -850,6 +868,13 @@ impl Config {
                 "shards",
                 &q.shards.to_string(),
                 format!("backend {name}: queue.shards must be from 1 to 256"),
+            ));
+        }
+        if q.shards > 1 && b.protocol != BackendProtocolConfig::V1 {
+            return Err(self.invalid_at(
+                "shards",
+                &q.shards.to_string(),
+                format!("backend {name}: queue.shards above 1 needs protocol: v1 (a queue splits 1.0 bodies by series; 2.0 bodies go whole through one shard)"),
             ));
         }
         if q.max_bytes < 1 << 20 {

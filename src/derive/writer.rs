@@ -12,8 +12,9 @@ use http::HeaderMap;
 use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
-use crate::forward::{Encoded, Forwarder, Outcome, RetryPolicy, Sink};
+use crate::forward::{Forwarder, Outcome, Payload, RetryPolicy, Sink};
 use crate::telemetry;
+use crate::wire::encode_v2::V2Encoder;
 
 /// Samples per derived request, at most.
 const MAX_SAMPLES_PER_REQUEST: usize = 5_000;
@@ -26,6 +27,8 @@ pub struct Writer {
     encoded: Vec<u8>,
     scratch: Vec<u8>,
     encoder: snap::raw::Encoder,
+    v2: V2Encoder,
+    v2_raw: Vec<u8>,
     backoff_base: Duration,
 }
 
@@ -38,6 +41,8 @@ impl Writer {
             encoded: Vec::new(),
             scratch: Vec::new(),
             encoder: snap::raw::Encoder::new(),
+            v2: V2Encoder::new(),
+            v2_raw: Vec::new(),
             backoff_base: RetryPolicy::default().first_backoff,
         }
     }
@@ -99,6 +104,28 @@ impl Writer {
                     continue;
                 }
             };
+            let mut payload = Payload::v1(body).with_samples(chunk.len() as u64);
+            // Backends that take 2.0 get the same chunk as 2.0.
+            if self.forwarder.wants_v2() {
+                let v2 = self
+                    .v2
+                    .encode(&self.encoded, None, &mut self.v2_raw)
+                    .map_err(|e| e.to_string())
+                    .and_then(|w| {
+                        let b = self
+                            .encoder
+                            .compress_vec(&self.v2_raw)
+                            .map_err(|e| e.to_string())?;
+                        Ok((Bytes::from(b), w.series))
+                    });
+                match v2 {
+                    Ok((b, series)) => {
+                        payload.v2 = Some(b);
+                        payload.v2_series = series;
+                    }
+                    Err(e) => tracing::error!(error = %e, "encoding derived samples as 2.0"),
+                }
+            }
             // Every backend at once: one slow or refusing backend does not hold up the
             // others (each still gets this chunk's requests in order).
             let policy = RetryPolicy {
@@ -107,11 +134,7 @@ impl Writer {
             };
             let outcomes = self
                 .forwarder
-                .deliver_to_all(
-                    &Encoded::v1(body).with_samples(chunk.len() as u64),
-                    &HeaderMap::new(),
-                    policy,
-                )
+                .deliver_to_all(&payload, &HeaderMap::new(), policy)
                 .await;
             for (sink, outcome) in self.forwarder.sinks().zip(outcomes) {
                 account(sink, outcome, chunk.len());

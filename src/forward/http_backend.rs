@@ -12,7 +12,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::{
-    BackendError, BackendOptions, BackendSettings, Encoded, Outcome, OutcomeClass, SendFuture, Sink,
+    BackendError, BackendOptions, BackendProtocol, BackendSettings, Encoded, Outcome, OutcomeClass,
+    Payload, Protocol, SendFuture, Sink,
 };
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
@@ -25,7 +26,17 @@ pub struct HttpBackend {
     client: HttpsClient,
     /// The backend's last answer said promnorm's credentials or URL are wrong.
     misconfigured: AtomicBool,
+    protocol: BackendProtocol,
+    /// `protocol: auto` found the backend speaks only 1.0.
+    fell_back: AtomicBool,
 }
+
+/// The headers by which a 2.0 receiver confirms what it wrote.
+const WRITTEN_HEADERS: [&str; 3] = [
+    "x-prometheus-remote-write-samples-written",
+    "x-prometheus-remote-write-histograms-written",
+    "x-prometheus-remote-write-exemplars-written",
+];
 
 impl HttpBackend {
     pub fn new(opts: BackendOptions) -> Result<HttpBackend, BackendError> {
@@ -83,6 +94,8 @@ impl HttpBackend {
             },
             client,
             misconfigured: AtomicBool::new(false),
+            protocol: opts.protocol,
+            fell_back: AtomicBool::new(false),
         })
     }
 
@@ -142,10 +155,64 @@ impl HttpBackend {
         Ok(req)
     }
 
-    async fn send_inner(&self, body: Encoded, incoming: &HeaderMap) -> Outcome {
+    /// True when this backend is sent 2.0 now.
+    fn speaks_v2(&self) -> bool {
+        match self.protocol {
+            BackendProtocol::V1 => false,
+            BackendProtocol::V2 => true,
+            BackendProtocol::Auto => !self.fell_back.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sends the payload in this backend's protocol; with `auto`, a `415` or a `2xx`
+    /// without the written headers turns the backend to 1.0 for good and the request is
+    /// sent again as 1.0 (SPEC §1.4).
+    async fn send_payload(&self, payload: Payload, incoming: &HeaderMap) -> Outcome {
+        let v2 = payload.v2.filter(|_| self.speaks_v2());
+        let Some(v2) = v2 else {
+            return self.send_inner(Encoded::v1(payload.v1), incoming).await.0;
+        };
+        if payload.v2_series == 0 {
+            // Metadata only: 2.0 carries metadata with series, so there is nothing to send.
+            return Outcome::Delivered;
+        }
+        let body = Encoded {
+            body: v2,
+            protocol: Protocol::V2,
+        };
+        let (outcome, confirmed) = self.send_inner(body, incoming).await;
+        if self.protocol != BackendProtocol::Auto {
+            return outcome;
+        }
+        let why = match &outcome {
+            Outcome::Rejected { status, .. } if status.as_u16() == 415 => {
+                "it answered 415 to a 2.0 request"
+            }
+            Outcome::Delivered if !confirmed => {
+                "it accepted a 2.0 request without the X-Prometheus-Remote-Write-*-Written headers"
+            }
+            _ => return outcome,
+        };
+        if !self.fell_back.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                backend = %self.settings.name,
+                "backend speaks only remote-write 1.0 ({why}); sending it 1.0 from now on"
+            );
+            crate::telemetry::backend_protocol_fallback(&self.settings.name);
+        }
+        self.send_inner(Encoded::v1(payload.v1), incoming).await.0
+    }
+
+    /// One request; the outcome and whether a `2xx` carried the written headers.
+    async fn send_inner(&self, body: Encoded, incoming: &HeaderMap) -> (Outcome, bool) {
         let req = match self.build_request(body, incoming) {
             Ok(r) => r,
-            Err(e) => return Outcome::Unreachable(format!("building request: {e}")),
+            Err(e) => {
+                return (
+                    Outcome::Unreachable(format!("building request: {e}")),
+                    false,
+                );
+            }
         };
         let started = Instant::now();
         let name = &self.settings.name;
@@ -157,20 +224,25 @@ impl HttpBackend {
                 .map_err(|e| format!("{e:#}"))?;
             let status = resp.status();
             let retry_after = resp.headers().get(RETRY_AFTER).cloned();
+            let confirmed = WRITTEN_HEADERS
+                .iter()
+                .any(|h| resp.headers().contains_key(*h));
             let body = resp
                 .into_body()
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            Ok::<_, String>((status, retry_after, body))
+            Ok::<_, String>((status, retry_after, body, confirmed))
         })
         .await;
         let seconds = started.elapsed().as_secs_f64();
+        let mut written_headers = false;
         let (code, outcome) = match result {
             Err(_) => ("timeout".to_string(), Outcome::Timeout),
             Ok(Err(e)) => ("error".to_string(), Outcome::Unreachable(e)),
-            Ok(Ok((status, retry_after, body))) => {
+            Ok(Ok((status, retry_after, body, confirmed))) => {
+                written_headers = confirmed;
                 let outcome = if status.is_success() {
                     Outcome::Delivered
                 } else {
@@ -191,7 +263,7 @@ impl HttpBackend {
         };
         crate::telemetry::backend_request(name, code, seconds);
         self.note_configuration_state(&outcome);
-        outcome
+        (outcome, written_headers)
     }
 }
 
@@ -204,8 +276,12 @@ impl Sink for HttpBackend {
         &self.settings.pass_headers
     }
 
-    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a> {
-        Box::pin(self.send_inner(body, incoming))
+    fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
+        Box::pin(self.send_payload(payload, incoming))
+    }
+
+    fn wants_v2(&self) -> bool {
+        self.speaks_v2()
     }
 }
 

@@ -50,6 +50,8 @@ pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 pub enum Protocol {
     /// Remote-write 1.0: a snappy-compressed `prometheus.WriteRequest`.
     V1,
+    /// Remote-write 2.0: a snappy-compressed `io.prometheus.write.v2.Request`.
+    V2,
 }
 
 impl Protocol {
@@ -57,6 +59,7 @@ impl Protocol {
     pub fn content_type(self) -> &'static str {
         match self {
             Protocol::V1 => "application/x-protobuf",
+            Protocol::V2 => "application/x-protobuf;proto=io.prometheus.write.v2.Request",
         }
     }
 
@@ -64,19 +67,29 @@ impl Protocol {
     pub fn version_header(self) -> &'static str {
         match self {
             Protocol::V1 => "0.1.0",
+            Protocol::V2 => "2.0.0",
         }
     }
 }
 
-/// A request body ready to send: the bytes and the protocol they are in. The request
-/// path hands these over; what a backend does with them (send now, queue, convert) is
-/// its own business.
+/// Which protocol a backend is sent (`backends[].protocol`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendProtocol {
+    /// Always 1.0.
+    #[default]
+    V1,
+    /// Always 2.0.
+    V2,
+    /// 2.0 until the backend shows it only speaks 1.0 (a `415`, or a `2xx` without the
+    /// written headers); then 1.0 for good, and the refused request is sent again as 1.0.
+    Auto,
+}
+
+/// A request body ready to send: the bytes and the protocol they are in.
 #[derive(Clone, Debug)]
 pub struct Encoded {
     pub body: Bytes,
     pub protocol: Protocol,
-    /// Samples (float and histogram) in the body, for a queue's drop counts.
-    pub samples: u64,
 }
 
 impl Encoded {
@@ -84,11 +97,36 @@ impl Encoded {
         Encoded {
             body,
             protocol: Protocol::V1,
+        }
+    }
+}
+
+/// One request in the protocols the backends need: the 1.0 body always (every backend
+/// can fall back to it), the 2.0 body when some backend takes 2.0. The request path
+/// hands these over; each backend picks its body.
+#[derive(Clone, Debug)]
+pub struct Payload {
+    pub v1: Bytes,
+    pub v2: Option<Bytes>,
+    /// Series in the 2.0 body. A 2.0 body without series is not sent (its content,
+    /// metadata only, reaches 2.0 backends attached to later series).
+    pub v2_series: usize,
+    /// Samples (float and histogram) in the request, for a queue's counts.
+    pub samples: u64,
+}
+
+impl Payload {
+    /// A payload for 1.0 backends only.
+    pub fn v1(body: Bytes) -> Payload {
+        Payload {
+            v1: body,
+            v2: None,
+            v2_series: 0,
             samples: 0,
         }
     }
 
-    pub fn with_samples(mut self, samples: u64) -> Encoded {
+    pub fn with_samples(mut self, samples: u64) -> Payload {
         self.samples = samples;
         self
     }
@@ -98,7 +136,12 @@ impl Encoded {
 pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
     /// `incoming` are the sender's headers, for configured pass-through.
-    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a>;
+    fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a>;
+
+    /// True when the next request should carry a 2.0 body for this sink.
+    fn wants_v2(&self) -> bool {
+        false
+    }
 
     /// The sender's headers this backend copies through (a queue stores them).
     fn pass_headers(&self) -> &[http::HeaderName] {
@@ -146,7 +189,7 @@ impl Default for RetryPolicy {
 /// at `max_backoff`).
 pub async fn deliver_with_retries(
     sink: &dyn Sink,
-    body: &Encoded,
+    body: &Payload,
     incoming: &HeaderMap,
     policy: RetryPolicy,
 ) -> Outcome {
@@ -238,11 +281,16 @@ impl Forwarder {
         self.sinks.is_empty()
     }
 
+    /// True when some sink takes 2.0 now: the request path then encodes a 2.0 body too.
+    pub fn wants_v2(&self) -> bool {
+        self.sinks.iter().any(|s| s.wants_v2())
+    }
+
     /// Delivers `body` to every sink concurrently, each with its own retries
     /// ([`deliver_with_retries`]); returns each final outcome in sink order.
     pub async fn deliver_to_all(
         &self,
-        body: &Encoded,
+        body: &Payload,
         incoming: &HeaderMap,
         policy: RetryPolicy,
     ) -> Vec<Outcome> {
@@ -253,7 +301,7 @@ impl Forwarder {
     }
 
     /// Sends to all sinks concurrently; returns each outcome in sink order.
-    pub async fn send_all(&self, body: Encoded, incoming: &HeaderMap) -> Vec<Outcome> {
+    pub async fn send_all(&self, body: Payload, incoming: &HeaderMap) -> Vec<Outcome> {
         let futs = self.sinks.iter().map(|s| s.send(body.clone(), incoming));
         join_all(futs).await
     }
@@ -414,6 +462,7 @@ pub struct BackendOptions {
     pub basic: Option<BasicCredentials>,
     pub bearer_token: Option<String>,
     pub tls: TlsOptions,
+    pub protocol: BackendProtocol,
 }
 
 #[derive(Clone, PartialEq)]

@@ -2,6 +2,7 @@
 
 pub mod listener;
 pub mod live;
+mod negotiate;
 
 pub use live::{Live, ReloadHook};
 
@@ -22,8 +23,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::derive::writer::Writer;
-use crate::forward::{Encoded, Forwarder, Outcome, verdict};
-use crate::pipeline::Pipeline;
+use crate::forward::{Forwarder, Outcome, Payload, verdict};
+use crate::pipeline::{InputProtocol, Pipeline};
 use crate::telemetry;
 
 pub struct AppState {
@@ -231,8 +232,9 @@ fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) ->
     resp
 }
 
-/// Checks the remote-write 1.0 headers; `Err` carries the 415 reason.
-fn check_headers(headers: &HeaderMap) -> Result<(), String> {
+/// Checks the remote-write headers and negotiates the version by `Content-Type`
+/// (docs/wire.md); `Err` carries the 415 reason.
+fn check_headers(headers: &HeaderMap) -> Result<InputProtocol, String> {
     let enc = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
@@ -249,24 +251,7 @@ fn check_headers(headers: &HeaderMap) -> Result<(), String> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let mut parts = ct.split(';').map(str::trim);
-    let media = parts.next().unwrap_or("");
-    if !media.eq_ignore_ascii_case("application/x-protobuf") {
-        return Err(format!(
-            "unsupported Content-Type {ct:?}: expected application/x-protobuf"
-        ));
-    }
-    for p in parts {
-        if let Some(proto) = p.strip_prefix("proto=") {
-            let proto = proto.trim_matches('"');
-            if proto != "prometheus.WriteRequest" {
-                return Err(format!(
-                    "unsupported remote-write message {proto:?}: this promnorm accepts prometheus.WriteRequest (1.0)"
-                ));
-            }
-        }
-    }
-    Ok(())
+    crate::server::negotiate::content_type(ct)
 }
 
 fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
@@ -308,9 +293,10 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
     if let Err(resp) = check_auth(&st, &headers) {
         return *resp;
     }
-    if let Err(reason) = check_headers(&headers) {
-        return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None);
-    }
+    let protocol = match check_headers(&headers) {
+        Ok(p) => p,
+        Err(reason) => return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None),
+    };
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -355,16 +341,22 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
 
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.take_workspace();
-    let processed = st.pipeline.process(&mut ws, &body);
+    let processed = st.pipeline.process_as(&mut ws, &body, protocol);
     let (processed, out, forwarded_samples) = match processed {
         Ok(p) => {
             let stats = st.pipeline.stats(&ws);
             telemetry::record_map_stats(st.pipeline.rules(), stats);
             let fwd = stats.samples_out + stats.histograms_out;
             let out = if p.empty {
-                Bytes::new()
+                Payload::v1(Bytes::new())
             } else {
-                Bytes::copy_from_slice(ws.compressed())
+                match negotiate::payload(&st.pipeline, &mut ws, st.forwarder.wants_v2()) {
+                    Ok(out) => out,
+                    Err(resp) => {
+                        st.pipeline.return_workspace(ws);
+                        return answer(StatusCode::INTERNAL_SERVER_ERROR, &resp, None);
+                    }
+                }
             };
             (p, out, fwd)
         }
@@ -382,11 +374,15 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
     telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
 
     if processed.empty {
-        return answer(StatusCode::NO_CONTENT, "", None);
+        return negotiate::written(
+            answer(StatusCode::NO_CONTENT, "", None),
+            protocol,
+            &processed,
+        );
     }
     let outcomes = st
         .forwarder
-        .send_all(Encoded::v1(out).with_samples(forwarded_samples), &headers)
+        .send_all(out.with_samples(forwarded_samples), &headers)
         .await;
     for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
         if matches!(o, Outcome::Delivered) {
@@ -397,7 +393,11 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
     if !v.status.is_success() {
         tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
     }
-    answer(v.status, &v.reason, v.retry_after)
+    negotiate::written(
+        answer(v.status, &v.reason, v.retry_after),
+        protocol,
+        &processed,
+    )
 }
 
 /// Runs the server on `listener` until `shutdown` resolves, then drains in-flight

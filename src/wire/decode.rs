@@ -69,6 +69,8 @@ pub struct LabelSpan {
 pub struct SampleView {
     pub value_bits: u64,
     pub timestamp: i64,
+    /// Remote-write 2.0's start (created) timestamp; 0 when unknown (always, for 1.0).
+    pub start_timestamp: i64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -96,11 +98,17 @@ pub struct SeriesView {
     pub histograms: Range32,
     pub name: Span,
     /// Labels arrived sorted, unique and without empty values: the raw bytes are valid output.
+    /// Never set for remote-write 2.0 input (its bytes are not a 1.0 `TimeSeries`).
     pub canonical: bool,
+    /// The metric type of the series' own 2.0 metadata (`MetricMetadata` numbering);
+    /// 0 when unknown, always for 1.0 input.
+    pub metric_type: u8,
 }
 
 #[derive(Clone, Copy, Debug)]
 pub struct MetadataView {
+    /// The encoded 1.0 `MetricMetadata`; empty for metadata that came with 2.0 series
+    /// (written from its fields instead).
     pub raw: Span,
     pub metric_type: i32,
     pub family: Span,
@@ -134,6 +142,15 @@ pub struct DecodedRequest {
     pub exemplars: Vec<ExemplarView>,
     pub histograms: Vec<HistogramView>,
     pub metadata: Vec<MetadataView>,
+    /// The request was remote-write 2.0.
+    pub v2: bool,
+    /// Some sample or histogram carries a start timestamp (2.0 only).
+    pub has_start_timestamps: bool,
+    /// 2.0 decoding scratch: the symbols table, label refs, metadata seen per family.
+    pub(super) symbols: Vec<Span>,
+    pub(super) refs: Vec<u32>,
+    pub(super) md_index: ahash::AHashMap<u64, u32>,
+    pub(super) md_hasher: ahash::RandomState,
 }
 
 impl DecodedRequest {
@@ -144,6 +161,11 @@ impl DecodedRequest {
         self.exemplars.clear();
         self.histograms.clear();
         self.metadata.clear();
+        self.v2 = false;
+        self.has_start_timestamps = false;
+        self.symbols.clear();
+        self.refs.clear();
+        self.md_index.clear();
     }
 
     pub fn sample_count(&self) -> usize {
@@ -160,6 +182,7 @@ impl DecodedRequest {
         if buf.len() > u32::MAX as usize {
             return Err(DecodeError::TooLarge);
         }
+        let mut v2_fields = false;
         let mut r = Reader::new(buf, 0, buf.len());
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -177,8 +200,17 @@ impl DecodedRequest {
                     let (s, e) = r.len_delimited()?;
                     self.decode_metadata(buf, s, e)?;
                 }
+                4 | 5 if wire == WIRE_LEN => {
+                    v2_fields = true;
+                    r.skip(wire)?;
+                }
                 _ => r.skip(wire)?,
             }
+        }
+        // 2.0's symbols (4) and series (5) are unknown to 1.0: a 2.0 body read as 1.0
+        // would be an empty request, its data lost without a word.
+        if v2_fields && self.series.is_empty() && self.metadata.is_empty() {
+            return Err(DecodeError::V2BodyAsV1);
         }
         Ok(())
     }
@@ -278,6 +310,7 @@ impl DecodedRequest {
             },
             name,
             canonical,
+            metric_type: 0,
         });
         Ok(())
     }
@@ -358,7 +391,7 @@ impl DecodedRequest {
 }
 
 #[inline]
-fn utf8(buf: &[u8], s: usize, e: usize) -> Result<(), DecodeError> {
+pub(super) fn utf8(buf: &[u8], s: usize, e: usize) -> Result<(), DecodeError> {
     let bytes = &buf[s..e];
     // Label names and values are almost always ASCII: a word-wise check, no call.
     if bytes.is_ascii() {
@@ -429,12 +462,14 @@ fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, Dec
                 r.expect(wire, WIRE_VARINT, "Sample.timestamp")?;
                 timestamp = r.varint()? as i64;
             }
+
             _ => r.skip(wire)?,
         }
     }
     Ok(SampleView {
         value_bits,
         timestamp,
+        start_timestamp: 0,
     })
 }
 
@@ -467,7 +502,10 @@ fn name_less(a: &[u8], b: &[u8]) -> bool {
 /// Validates a series' labels in place. Sorts them when the sender did not (so later
 /// stages can rely on order), rejects empty or duplicate names and a missing `__name__`.
 /// Returns the `__name__` value and whether the labels were already canonical.
-fn check_labels(buf: &[u8], labels: &mut [LabelSpan]) -> Result<(Span, bool), DecodeError> {
+pub(super) fn check_labels(
+    buf: &[u8],
+    labels: &mut [LabelSpan],
+) -> Result<(Span, bool), DecodeError> {
     let mut sorted = true;
     let mut has_empty_value = false;
     for i in 0..labels.len() {

@@ -88,6 +88,34 @@ impl<'a> SeriesWriter<'a> {
         }
     }
 
+    /// Writes a sample with its 2.0 start timestamp, when it has one, as `Sample` field 3
+    /// (2.0's numbering; promnorm's 1.0 bodies leave it out, see `encode_v2::strip_v2`).
+    #[inline]
+    pub fn sample_view(&mut self, s: &super::decode::SampleView) {
+        if s.start_timestamp == 0 {
+            return self.sample(s.value_bits, s.timestamp);
+        }
+        let mut len = 1 + varint_len(s.start_timestamp as u64);
+        if s.value_bits != 0 {
+            len += 9;
+        }
+        if s.timestamp != 0 {
+            len += 1 + varint_len(s.timestamp as u64);
+        }
+        put_key(self.body, 2, WIRE_LEN);
+        put_varint(self.body, len as u64);
+        if s.value_bits != 0 {
+            put_key(self.body, 1, WIRE_I64);
+            self.body.extend_from_slice(&s.value_bits.to_le_bytes());
+        }
+        if s.timestamp != 0 {
+            put_key(self.body, 2, WIRE_VARINT);
+            put_varint(self.body, s.timestamp as u64);
+        }
+        put_key(self.body, 3, WIRE_VARINT);
+        put_varint(self.body, s.start_timestamp as u64);
+    }
+
     /// Writes an exemplar; `labels` yields (name, value) pairs.
     pub fn exemplar<'l, I>(&mut self, labels: I, value_bits: u64, timestamp: i64)
     where

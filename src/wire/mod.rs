@@ -2,10 +2,13 @@
 //! borrowed view and written straight into reusable buffers.
 
 pub mod decode;
+pub mod decode_v2;
 pub mod encode;
+pub mod encode_v2;
 pub mod pb;
 pub mod shard;
 pub mod snappy;
+pub mod split;
 
 /// Generated (owned) prost types: used by tests as the decoding oracle and by tools;
 /// the hot path never builds them.
@@ -47,6 +50,20 @@ pub enum DecodeError {
     BadWireType(u8),
     #[error("protobuf: {0} has wrong wire type {1}")]
     UnexpectedWireType(&'static str, u8),
+    #[error("symbol reference {index} is out of range: the request has {symbols} symbols")]
+    SymbolRef { index: u64, symbols: usize },
+    #[error("a series or exemplar has an odd number of label references ({0})")]
+    OddLabelRefs(usize),
+    #[error(
+        "field {0} is reserved in io.prometheus.write.v2.Request: is this a 1.0 WriteRequest sent with proto=io.prometheus.write.v2.Request?"
+    )]
+    ReservedV2Field(u32),
+    #[error(
+        "no 1.0 series or metadata, but 2.0 fields (symbols, timeseries): is this a 2.0 request sent as 1.0? Use proto=io.prometheus.write.v2.Request"
+    )]
+    V2BodyAsV1,
+    #[error("symbols[0] must be the empty string")]
+    FirstSymbolNotEmpty,
     #[error("label name or value is not valid UTF-8")]
     InvalidUtf8,
     #[error("empty label name")]

@@ -27,7 +27,7 @@ impl<'a> Reader<'a> {
 
     /// The absolute offset of the next byte to read.
     #[inline]
-    pub fn position(&self) -> usize {
+    pub fn pos(&self) -> usize {
         self.pos
     }
 

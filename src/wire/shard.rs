@@ -26,7 +26,7 @@ pub fn split_by_series(
     samples.iter_mut().for_each(|s| *s = 0);
     let mut r = Reader::new(req, 0, req.len());
     while !r.is_done() {
-        let field_start = r.position();
+        let field_start = r.pos();
         let (field, wire) = r.key()?;
         if field == 1 && wire == WIRE_LEN {
             let (start, end) = r.len_delimited()?;
@@ -36,7 +36,7 @@ pub fn split_by_series(
             samples[part] += count;
         } else {
             r.skip(wire)?;
-            parts[0].extend_from_slice(&req[field_start..r.position()]);
+            parts[0].extend_from_slice(&req[field_start..r.pos()]);
         }
     }
     Ok(())

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::sync::Notify;
 
-use super::{Backoff, Encoded, Outcome, OutcomeClass, Protocol, SendFuture, Sink};
+use super::{Backoff, Outcome, OutcomeClass, Payload, SendFuture, Sink};
 use crate::telemetry;
 use record::{Record, now_ms};
 use store::{DiskStore, MemoryStore, Store, StoreError};
@@ -140,7 +140,7 @@ impl QueuedSink {
         Ok(stores)
     }
 
-    fn enqueue(&self, run: &Running, body: Encoded, incoming: &HeaderMap) -> Outcome {
+    fn enqueue(&self, run: &Running, payload: Payload, incoming: &HeaderMap) -> Outcome {
         if run.draining.load(Ordering::Relaxed) {
             return unavailable("promnorm is shutting down");
         }
@@ -155,7 +155,7 @@ impl QueuedSink {
             })
             .collect();
         let enqueued_ms = now_ms();
-        let parts = match self.split(&body) {
+        let parts = match self.split(&payload) {
             Ok(p) => p,
             Err(reason) => {
                 return Outcome::Rejected {
@@ -167,10 +167,11 @@ impl QueuedSink {
         };
         let records: Vec<(usize, Record)> = parts
             .into_iter()
-            .map(|(shard, part, samples)| {
+            .map(|(shard, v1, v2, samples)| {
                 let rec = Record {
-                    body: part,
-                    protocol: body.protocol,
+                    v1,
+                    v2,
+                    v2_series: payload.v2_series as u32,
                     headers: headers.clone(),
                     samples,
                     enqueued_ms,
@@ -201,14 +202,22 @@ impl QueuedSink {
         Outcome::Queued
     }
 
-    /// Splits a body into its shards' parts: `(shard, body, samples)`.
-    fn split(&self, body: &Encoded) -> Result<Vec<(usize, Bytes, u64)>, String> {
+    /// Splits a payload into its shards' parts: `(shard, 1.0 body, 2.0 body, samples)`.
+    /// A payload with a 2.0 body is not split (a 2.0 backend's queue has one shard,
+    /// which check-config enforces).
+    #[allow(clippy::type_complexity)]
+    fn split(&self, payload: &Payload) -> Result<Vec<(usize, Bytes, Option<Bytes>, u64)>, String> {
         let n = self.opts.shards.max(1);
-        if n == 1 || body.protocol != Protocol::V1 {
-            return Ok(vec![(0, body.body.clone(), body.samples)]);
+        if n == 1 || payload.v2.is_some() {
+            return Ok(vec![(
+                0,
+                payload.v1.clone(),
+                payload.v2.clone(),
+                payload.samples,
+            )]);
         }
         let raw = snap::raw::Decoder::new()
-            .decompress_vec(&body.body)
+            .decompress_vec(&payload.v1)
             .map_err(|e| format!("queue {}: body is not snappy: {e}", self.name))?;
         let mut parts = vec![Vec::new(); n];
         let mut samples = vec![0u64; n];
@@ -223,7 +232,7 @@ impl QueuedSink {
             let c = enc
                 .compress_vec(p)
                 .map_err(|e| format!("queue {}: {e}", self.name))?;
-            out.push((i, Bytes::from(c), samples[i]));
+            out.push((i, Bytes::from(c), None, samples[i]));
         }
         Ok(out)
     }
@@ -341,9 +350,9 @@ impl Sink for QueuedSink {
         &self.name
     }
 
-    fn send<'a>(&'a self, body: Encoded, incoming: &'a HeaderMap) -> SendFuture<'a> {
+    fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
         let outcome = match self.running.get() {
-            Some(run) => self.enqueue(run, body, incoming),
+            Some(run) => self.enqueue(run, payload, incoming),
             None => unavailable("the queue is not open yet"),
         };
         Box::pin(std::future::ready(outcome))
@@ -351,6 +360,12 @@ impl Sink for QueuedSink {
 
     fn pass_headers(&self) -> &[HeaderName] {
         &self.pass
+    }
+
+    /// The backend decides: a queued request carries the 2.0 body when the backend takes
+    /// 2.0 when it is queued (and the 1.0 body always, for `auto`'s fallback).
+    fn wants_v2(&self) -> bool {
+        self.inner.wants_v2()
     }
 
     fn start(&self) -> Result<(), String> {
@@ -514,7 +529,7 @@ async fn drain_shard(
             finish(&run, shard, &name, "max_age");
             continue;
         }
-        let outcome = inner.send(rec.encoded(), &rec.header_map()).await;
+        let outcome = inner.send(rec.payload(), &rec.header_map()).await;
         match outcome.class() {
             OutcomeClass::Delivered => {
                 telemetry::samples_forwarded(&name, rec.samples);

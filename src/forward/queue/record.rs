@@ -1,16 +1,21 @@
-//! One queued request: the encoded body, its protocol, the sender's headers this backend
-//! passes through, and what it holds (for drop counts and age). On disk a record is
-//! framed as `[u32 payload length][u32 CRC-32 of the payload][payload]`, little endian.
+//! One queued request: its bodies (1.0, and 2.0 when the backend takes 2.0), the sender's
+//! headers this backend passes through, and what it holds (for drop counts and age). On
+//! disk a record is framed as `[u32 payload length][u32 CRC-32 of the payload][payload]`,
+//! little endian; the payload is `[u64 queued ms][u64 samples][u8 flags][u32 2.0 series]
+//! [u16 headers]{[u16 len][name][u16 len][value]}[u32 1.0 length][1.0 body][2.0 body]`.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::forward::{Encoded, Protocol};
+use crate::forward::Payload;
 
 #[derive(Clone, Debug)]
 pub struct Record {
-    pub body: Bytes,
-    pub protocol: Protocol,
+    /// The 1.0 body (every backend can fall back to it).
+    pub v1: Bytes,
+    /// The 2.0 body, when the backend took 2.0 at queueing time.
+    pub v2: Option<Bytes>,
+    pub v2_series: u32,
     /// Sender headers this backend passes through (e.g. `X-Scope-OrgID`).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Samples (float and histogram) in the body.
@@ -21,6 +26,10 @@ pub struct Record {
 
 /// Frame header: payload length and checksum.
 pub const FRAME_HEADER: usize = 8;
+/// Queueing time, samples, flags, 2.0 series, header count.
+const HEADER_FIXED: usize = 8 + 8 + 1 + 4 + 2;
+/// Flag: a 2.0 body follows the 1.0 body.
+const HAS_V2: u8 = 1;
 /// A payload longer than this is corruption, not data (bodies are limited far below).
 pub const MAX_PAYLOAD: usize = 1 << 30;
 
@@ -35,10 +44,11 @@ pub enum RecordError {
 }
 
 impl Record {
-    pub fn encoded(&self) -> Encoded {
-        Encoded {
-            body: self.body.clone(),
-            protocol: self.protocol,
+    pub fn payload(&self) -> Payload {
+        Payload {
+            v1: self.v1.clone(),
+            v2: self.v2.clone(),
+            v2_series: self.v2_series as usize,
             samples: self.samples,
         }
     }
@@ -58,7 +68,8 @@ impl Record {
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum();
-        (FRAME_HEADER + 19 + headers + self.body.len()) as u64
+        let bodies = 4 + self.v1.len() + self.v2.as_ref().map_or(0, |b| b.len());
+        (FRAME_HEADER + HEADER_FIXED + headers + bodies) as u64
     }
 
     /// Appends the framed record to `out`.
@@ -67,7 +78,8 @@ impl Record {
         out.extend_from_slice(&[0; FRAME_HEADER]);
         out.extend_from_slice(&self.enqueued_ms.to_le_bytes());
         out.extend_from_slice(&self.samples.to_le_bytes());
-        out.push(protocol_byte(self.protocol));
+        out.push(if self.v2.is_some() { HAS_V2 } else { 0 });
+        out.extend_from_slice(&self.v2_series.to_le_bytes());
         out.extend_from_slice(&(self.headers.len() as u16).to_le_bytes());
         for (k, v) in &self.headers {
             for part in [k.as_str().as_bytes(), v.as_bytes()] {
@@ -75,7 +87,11 @@ impl Record {
                 out.extend_from_slice(part);
             }
         }
-        out.extend_from_slice(&self.body);
+        out.extend_from_slice(&(self.v1.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.v1);
+        if let Some(v2) = &self.v2 {
+            out.extend_from_slice(v2);
+        }
         let payload = &out[start + FRAME_HEADER..];
         let len = payload.len() as u32;
         let crc = crc32fast::hash(payload);
@@ -104,7 +120,11 @@ impl Record {
         let mut r = Cursor { buf: payload };
         let enqueued_ms = u64::from_le_bytes(r.array()?);
         let samples = u64::from_le_bytes(r.array()?);
-        let protocol = protocol_from_byte(r.array::<1>()?[0])?;
+        let flags = r.array::<1>()?[0];
+        if flags & !HAS_V2 != 0 {
+            return Err(RecordError::Malformed("flags"));
+        }
+        let v2_series = u32::from_le_bytes(r.array()?);
         let n = u16::from_le_bytes(r.array()?) as usize;
         let mut headers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
@@ -114,26 +134,22 @@ impl Record {
             let v = HeaderValue::from_bytes(v).map_err(|_| RecordError::Malformed("header"))?;
             headers.push((k, v));
         }
+        let v1_len = u32::from_le_bytes(r.array()?) as usize;
+        if r.buf.len() < v1_len {
+            return Err(RecordError::Truncated);
+        }
+        let (v1, v2) = r.buf.split_at(v1_len);
+        if flags & HAS_V2 == 0 && !v2.is_empty() {
+            return Err(RecordError::Malformed("trailing bytes"));
+        }
         Ok(Record {
-            body: Bytes::copy_from_slice(r.buf),
-            protocol,
+            v1: Bytes::copy_from_slice(v1),
+            v2: (flags & HAS_V2 != 0).then(|| Bytes::copy_from_slice(v2)),
+            v2_series,
             headers,
             samples,
             enqueued_ms,
         })
-    }
-}
-
-fn protocol_byte(p: Protocol) -> u8 {
-    match p {
-        Protocol::V1 => 1,
-    }
-}
-
-fn protocol_from_byte(b: u8) -> Result<Protocol, RecordError> {
-    match b {
-        1 => Ok(Protocol::V1),
-        _ => Err(RecordError::Malformed("protocol")),
     }
 }
 
@@ -174,8 +190,9 @@ mod tests {
 
     fn record() -> Record {
         Record {
-            body: Bytes::from_static(b"\x0a\x03abc"),
-            protocol: Protocol::V1,
+            v1: Bytes::from_static(b"\x0a\x03abc"),
+            v2: Some(Bytes::from_static(b"\x0a\x00\x0a\x01a")),
+            v2_series: 1,
             headers: vec![(
                 HeaderName::from_static("x-scope-orgid"),
                 HeaderValue::from_static("team-a"),
@@ -192,7 +209,10 @@ mod tests {
         let (len, crc) = Record::read_frame_header(&buf).unwrap();
         assert_eq!(len, buf.len() - FRAME_HEADER);
         let back = Record::from_payload(&buf[FRAME_HEADER..], crc).unwrap();
-        assert_eq!(back.body, record().body);
+        assert_eq!(back.v1, record().v1);
+        assert_eq!(back.v2, record().v2);
+        assert_eq!(back.v2_series, 1);
+        assert_eq!(buf.len() as u64, record().size());
         assert_eq!(back.samples, 7);
         assert_eq!(back.enqueued_ms, 1_700_000_000_123);
         assert_eq!(back.header_map()["x-scope-orgid"], "team-a");

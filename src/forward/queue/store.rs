@@ -438,7 +438,6 @@ pub fn sync_interval(fsync_interval: Duration) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::forward::Protocol;
     use bytes::Bytes;
 
     fn tmp(name: &str) -> PathBuf {
@@ -453,8 +452,9 @@ mod tests {
 
     fn rec(i: u64, body_len: usize) -> Record {
         Record {
-            body: Bytes::from(vec![i as u8; body_len]),
-            protocol: Protocol::V1,
+            v1: Bytes::from(vec![i as u8; body_len]),
+            v2: None,
+            v2_series: 0,
             headers: Vec::new(),
             samples: i,
             enqueued_ms: 1000 + i,
@@ -480,7 +480,7 @@ mod tests {
         assert_eq!(s.len(), 7);
         let mut seen = Vec::new();
         while let Some(r) = s.front().unwrap() {
-            assert_eq!(r.body.len(), 3000);
+            assert_eq!(r.v1.len(), 3000);
             seen.push(r.samples);
             s.pop_front();
         }

@@ -58,10 +58,7 @@ impl Mapper {
                 }
                 _ => smp.value_bits,
             };
-            self.samples.push(SampleView {
-                value_bits,
-                timestamp: smp.timestamp,
-            });
+            self.samples.push(SampleView { value_bits, ..*smp });
         }
         let e_start = self.exemplars.len() as u32;
         for ex in &req.exemplars[s.exemplars.usize()] {
@@ -148,7 +145,7 @@ impl Mapper {
             let first = self.chunks[o.first_chunk as usize];
             if first.next == NONE {
                 for smp in &self.samples[first.samples.usize()] {
-                    w.sample(smp.value_bits, smp.timestamp);
+                    w.sample_view(smp);
                 }
                 self.stats.samples_out += first.samples.len() as u64;
                 for ex in &self.exemplars[first.exemplars.usize()] {
@@ -220,7 +217,7 @@ impl Mapper {
             *d += dups;
         }
         for smp in &self.gather_samples {
-            w.sample(smp.value_bits, smp.timestamp);
+            w.sample_view(smp);
         }
         self.stats.samples_out += self.gather_samples.len() as u64;
         for ex in &self.gather_ex {

@@ -63,8 +63,13 @@ impl Mapper {
         if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
             return None;
         }
+        Some(self.total_fix_plan(name))
+    }
+
+    /// The plan that gives `name` the suffix `_total` (cached per name).
+    fn total_fix_plan(&mut self, name: &str) -> Resolved {
         if let Some(p) = self.total_fix_plans.get(name) {
-            return Some(Resolved::Plan(p.clone()));
+            return Resolved::Plan(p.clone());
         }
         let plan = Arc::new(Plan {
             steps: vec![Step {
@@ -78,7 +83,7 @@ impl Mapper {
             copies: Vec::new(),
         });
         self.total_fix_plans.insert(name, plan.clone());
-        Some(Resolved::Plan(plan))
+        Resolved::Plan(plan)
     }
 
     pub(super) fn map_metadata(
@@ -109,13 +114,13 @@ impl Mapper {
             }
             let Some(plan) = plan else {
                 if self.first_meta(family.as_bytes()) {
-                    write_raw_metadata(out, md.raw.bytes(buf));
+                    write_input_metadata(out, md, buf);
                     self.stats.metadata_out += 1;
                 }
                 continue;
             };
             if plan.keep_input && self.first_meta(family.as_bytes()) {
-                write_raw_metadata(out, md.raw.bytes(buf));
+                write_input_metadata(out, md, buf);
                 self.stats.metadata_out += 1;
             }
             for o in &plan.outputs {
@@ -145,5 +150,32 @@ impl Mapper {
         let mut h = self.hasher.build_hasher();
         h.write(name);
         self.meta_seen.insert(h.finish())
+    }
+}
+
+/// Writes an input's metadata as received: its own bytes for 1.0, rebuilt from its fields
+/// for metadata that came with 2.0 series (it has no 1.0 bytes).
+fn write_input_metadata(out: &mut Vec<u8>, md: &crate::wire::decode::MetadataView, buf: &[u8]) {
+    if md.raw.is_empty() {
+        write_metadata(
+            out,
+            md.metric_type,
+            md.family.bytes(buf),
+            md.help.bytes(buf),
+            md.unit.bytes(buf),
+        );
+    } else {
+        write_raw_metadata(out, md.raw.bytes(buf));
+    }
+}
+
+impl Mapper {
+    /// The metadata `_total` fix for a 2.0 series whose own metadata says COUNTER: no
+    /// learning across requests needed. Same conditions as for learnt families.
+    pub(super) fn series_total_fix(&mut self, s: &SeriesView, name: &str) -> Option<Resolved> {
+        if s.metric_type != crate::wire::decode_v2::TYPE_COUNTER || name.ends_with("_total") {
+            return None;
+        }
+        Some(self.total_fix_plan(name))
     }
 }

@@ -105,7 +105,10 @@ impl Mapper {
         }
         for s in &req.series {
             let name = s.name.str(buf);
-            let resolution = self.resolve(rules, name);
+            let resolution = match self.resolve(rules, name) {
+                None if ctx.counters.is_some() => self.series_total_fix(s, name),
+                r => r,
+            };
             match resolution {
                 None if s.canonical => {
                     write_raw_series(out, s.raw.bytes(buf));

@@ -1,0 +1,581 @@
+//! Decodes an `io.prometheus.write.v2.Request` (remote-write 2.0) into the same borrowed
+//! [`DecodedRequest`] view that 1.0 produces, so that mapping, derive and encoding run
+//! unchanged: the symbols table is a list of spans into the decompressed buffer and
+//! every label reference resolves to one of them, without a `String` per label.
+//!
+//! What differs from 1.0 in the view: series are never `canonical` (their bytes are 2.0,
+//! not a 1.0 `TimeSeries`, so they are always rebuilt); per-series metadata becomes one
+//! [`MetadataView`] per family and request (with an empty `raw`), and its type is kept
+//! on the series for the metadata `_total` fix; samples carry their start timestamp
+//! (rc.4's `Sample.start_timestamp`, or the earlier drafts' per-series
+//! `TimeSeries.created_timestamp` for samples without one).
+
+use std::hash::{BuildHasher, Hasher};
+
+use super::DecodeError;
+use super::decode::{
+    DecodeLimits, DecodedRequest, ExemplarView, HistogramView, LabelSpan, MetadataView, Range32,
+    SampleView, SeriesView, Span, check_labels, utf8,
+};
+use super::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT};
+
+/// `MetricMetadata.MetricType` values (1.0 and 2.0 number them alike).
+pub const TYPE_COUNTER: u8 = 1;
+pub const TYPE_HISTOGRAM: u8 = 3;
+pub const TYPE_GAUGEHISTOGRAM: u8 = 4;
+pub const TYPE_SUMMARY: u8 = 5;
+
+/// The family a series of `metric_type` belongs to: `name` without the suffix its type
+/// gives its series (`_bucket`, `_sum`, `_count` for histograms and summaries).
+pub fn family_of(name: &[u8], metric_type: u8) -> &[u8] {
+    let suffixes: &[&[u8]] = match metric_type {
+        TYPE_HISTOGRAM | TYPE_GAUGEHISTOGRAM => &[b"_bucket", b"_sum", b"_count"],
+        TYPE_SUMMARY => &[b"_sum", b"_count"],
+        _ => &[],
+    };
+    for s in suffixes {
+        if let Some(f) = name.strip_suffix(*s)
+            && !f.is_empty()
+        {
+            return f;
+        }
+    }
+    name
+}
+
+/// Metadata fields of one 2.0 series, as read.
+#[derive(Clone, Copy, Default)]
+struct SeriesMetadata {
+    present: bool,
+    metric_type: u8,
+    help: Span,
+    unit: Span,
+}
+
+impl DecodedRequest {
+    /// Decodes `buf` (a complete 2.0 `Request`) into `self`, replacing its contents.
+    pub fn decode_v2(&mut self, buf: &[u8], limits: DecodeLimits) -> Result<(), DecodeError> {
+        self.clear();
+        self.v2 = true;
+        if buf.len() > u32::MAX as usize {
+            return Err(DecodeError::TooLarge);
+        }
+        // Symbols first: fields may come in any order, and series refer to them.
+        let mut r = Reader::new(buf, 0, buf.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                4 => {
+                    r.expect(wire, WIRE_LEN, "Request.symbols")?;
+                    let (s, e) = r.len_delimited()?;
+                    utf8(buf, s, e)?;
+                    self.symbols.push(Span::new(s, e));
+                }
+                // Reserved in 2.0 so that a 1.0 `WriteRequest` is never read as an empty
+                // 2.0 request: its series (1) and metadata (3) would be lost silently.
+                1..=3 => return Err(DecodeError::ReservedV2Field(field)),
+                _ => r.skip(wire)?,
+            }
+        }
+        if let Some(first) = self.symbols.first()
+            && !first.is_empty()
+        {
+            return Err(DecodeError::FirstSymbolNotEmpty);
+        }
+        let mut r = Reader::new(buf, 0, buf.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field == 5 {
+                r.expect(wire, WIRE_LEN, "Request.timeseries")?;
+                if self.series.len() >= limits.max_series {
+                    return Err(DecodeError::TooManySeries(limits.max_series));
+                }
+                let (s, e) = r.len_delimited()?;
+                self.decode_series_v2(buf, s, e, &limits)?;
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn symbol(&self, r: u32) -> Result<Span, DecodeError> {
+        self.symbols
+            .get(r as usize)
+            .copied()
+            .ok_or(DecodeError::SymbolRef {
+                index: r.into(),
+                symbols: self.symbols.len(),
+            })
+    }
+
+    /// Reads a `repeated uint32 *_refs` field (packed or not) onto `self.refs`.
+    fn read_refs(&mut self, buf: &[u8], r: &mut Reader<'_>, wire: u8) -> Result<(), DecodeError> {
+        let push = |refs: &mut Vec<u32>, v: u64, n: usize| {
+            let v = u32::try_from(v).map_err(|_| DecodeError::SymbolRef {
+                index: v,
+                symbols: n,
+            })?;
+            refs.push(v);
+            Ok::<(), DecodeError>(())
+        };
+        let n = self.symbols.len();
+        match wire {
+            WIRE_LEN => {
+                let (s, e) = r.len_delimited()?;
+                let mut p = Reader::new(buf, s, e);
+                while !p.is_done() {
+                    push(&mut self.refs, p.varint()?, n)?;
+                }
+                Ok(())
+            }
+            WIRE_VARINT => push(&mut self.refs, r.varint()?, n),
+            w => Err(DecodeError::UnexpectedWireType("labels_refs", w)),
+        }
+    }
+
+    /// Resolves `self.refs` (name, value pairs) onto `self.labels`.
+    fn push_ref_labels(
+        &mut self,
+        buf: &[u8],
+        limits: Option<&DecodeLimits>,
+    ) -> Result<(), DecodeError> {
+        if self.refs.len() % 2 != 0 {
+            return Err(DecodeError::OddLabelRefs(self.refs.len()));
+        }
+        if let Some(l) = limits
+            && self.refs.len() / 2 > l.max_labels_per_series
+        {
+            return Err(DecodeError::TooManyLabels(l.max_labels_per_series));
+        }
+        for i in (0..self.refs.len()).step_by(2) {
+            let name = self.symbol(self.refs[i])?;
+            let value = self.symbol(self.refs[i + 1])?;
+            if let Some(l) = limits {
+                let len = (value.end - value.start) as usize;
+                if len > l.max_label_value_bytes {
+                    return Err(DecodeError::LabelValueTooLong {
+                        name: String::from_utf8_lossy(name.bytes(buf)).into_owned(),
+                        len,
+                        limit: l.max_label_value_bytes,
+                    });
+                }
+            }
+            self.labels.push(LabelSpan { name, value });
+        }
+        Ok(())
+    }
+
+    fn decode_series_v2(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        limits: &DecodeLimits,
+    ) -> Result<(), DecodeError> {
+        let labels_start = self.labels.len() as u32;
+        let samples_start = self.samples.len() as u32;
+        let exemplars_start = self.exemplars.len() as u32;
+        let hist_start = self.histograms.len() as u32;
+        let mut has_exemplars = false;
+        let mut created = 0i64;
+        let mut md = SeriesMetadata::default();
+        self.refs.clear();
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => self.read_refs(buf, &mut r, wire)?,
+                2 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
+                    let (s, e) = r.len_delimited()?;
+                    let smp = decode_sample_v2(buf, s, e)?;
+                    self.has_start_timestamps |= smp.start_timestamp != 0;
+                    self.samples.push(smp);
+                }
+                3 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
+                    let (s, e) = r.len_delimited()?;
+                    let (timestamp, start_ts) = decode_histogram_v2(buf, s, e)?;
+                    self.has_start_timestamps |= start_ts != 0;
+                    self.histograms.push(HistogramView {
+                        raw: Span::new(s, e),
+                        timestamp,
+                    });
+                }
+                4 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.exemplars")?;
+                    r.len_delimited()?;
+                    has_exemplars = true;
+                }
+                5 => {
+                    r.expect(wire, WIRE_LEN, "TimeSeries.metadata")?;
+                    let (s, e) = r.len_delimited()?;
+                    md = self.decode_series_metadata(buf, s, e)?;
+                }
+                6 => {
+                    r.expect(wire, WIRE_VARINT, "TimeSeries.created_timestamp")?;
+                    created = r.varint()? as i64;
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        self.push_ref_labels(buf, Some(limits))?;
+        let labels = Range32 {
+            start: labels_start,
+            end: self.labels.len() as u32,
+        };
+        let (name, _canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
+        let samples = Range32 {
+            start: samples_start,
+            end: self.samples.len() as u32,
+        };
+        if created != 0 {
+            for smp in &mut self.samples[samples.usize()] {
+                if smp.start_timestamp == 0 {
+                    smp.start_timestamp = created;
+                    self.has_start_timestamps = true;
+                }
+            }
+        }
+        if has_exemplars {
+            let mut r = Reader::new(buf, start, end);
+            while !r.is_done() {
+                let (field, wire) = r.key()?;
+                if field == 4 {
+                    let (s, e) = r.len_delimited()?;
+                    let ex = self.decode_exemplar_v2(buf, s, e)?;
+                    self.exemplars.push(ex);
+                } else {
+                    r.skip(wire)?;
+                }
+            }
+        }
+        if md.present {
+            self.add_series_metadata(buf, name, &md);
+        }
+        self.series.push(SeriesView {
+            raw: Span::new(start, end),
+            labels,
+            samples,
+            exemplars: Range32 {
+                start: exemplars_start,
+                end: self.exemplars.len() as u32,
+            },
+            histograms: Range32 {
+                start: hist_start,
+                end: self.histograms.len() as u32,
+            },
+            name,
+            canonical: false,
+            metric_type: md.metric_type,
+        });
+        Ok(())
+    }
+
+    fn decode_series_metadata(
+        &self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+    ) -> Result<SeriesMetadata, DecodeError> {
+        let mut md = SeriesMetadata::default();
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => {
+                    r.expect(wire, WIRE_VARINT, "Metadata.type")?;
+                    // Unknown types (beyond STATESET) are kept as "unknown".
+                    md.metric_type = u8::try_from(r.varint()?).unwrap_or(0);
+                }
+                3 | 4 => {
+                    r.expect(wire, WIRE_VARINT, "Metadata refs")?;
+                    let v = r.varint()?;
+                    let idx = u32::try_from(v).map_err(|_| DecodeError::SymbolRef {
+                        index: v,
+                        symbols: self.symbols.len(),
+                    })?;
+                    let span = self.symbol(idx)?;
+                    if field == 3 {
+                        md.help = span;
+                    } else {
+                        md.unit = span;
+                    }
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        md.present = md.metric_type != 0 || !md.help.is_empty() || !md.unit.is_empty();
+        Ok(md)
+    }
+
+    /// One [`MetadataView`] per family and request: series of one family repeat it.
+    fn add_series_metadata(&mut self, buf: &[u8], name: Span, md: &SeriesMetadata) {
+        let name_bytes = name.bytes(buf);
+        let family = family_of(name_bytes, md.metric_type);
+        let family_span = Span {
+            start: name.start,
+            end: name.start + family.len() as u32,
+        };
+        let mut h = self.md_hasher.build_hasher();
+        h.write(family);
+        let key = h.finish();
+        if let Some(&i) = self.md_index.get(&key)
+            && self
+                .metadata
+                .get(i as usize)
+                .is_some_and(|m| m.family.bytes(buf) == family)
+        {
+            return;
+        }
+        self.md_index.insert(key, self.metadata.len() as u32);
+        self.metadata.push(MetadataView {
+            raw: Span::default(),
+            metric_type: i32::from(md.metric_type),
+            family: family_span,
+            help: md.help,
+            unit: md.unit,
+        });
+    }
+
+    fn decode_exemplar_v2(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+    ) -> Result<ExemplarView, DecodeError> {
+        let labels_start = self.labels.len() as u32;
+        let mut value_bits = 0u64;
+        let mut timestamp = 0i64;
+        self.refs.clear();
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match field {
+                1 => self.read_refs(buf, &mut r, wire)?,
+                2 => {
+                    r.expect(wire, WIRE_I64, "Exemplar.value")?;
+                    value_bits = r.fixed64()?;
+                }
+                3 => {
+                    r.expect(wire, WIRE_VARINT, "Exemplar.timestamp")?;
+                    timestamp = r.varint()? as i64;
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        self.push_ref_labels(buf, None)?;
+        Ok(ExemplarView {
+            labels: Range32 {
+                start: labels_start,
+                end: self.labels.len() as u32,
+            },
+            value_bits,
+            timestamp,
+        })
+    }
+}
+
+/// A 2.0 `Sample`: value, timestamp and start timestamp.
+#[inline]
+fn decode_sample_v2(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
+    let mut smp = SampleView {
+        value_bits: 0,
+        timestamp: 0,
+        start_timestamp: 0,
+    };
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        match field {
+            1 => {
+                r.expect(wire, WIRE_I64, "Sample.value")?;
+                smp.value_bits = r.fixed64()?;
+            }
+            2 => {
+                r.expect(wire, WIRE_VARINT, "Sample.timestamp")?;
+                smp.timestamp = r.varint()? as i64;
+            }
+            3 => {
+                r.expect(wire, WIRE_VARINT, "Sample.start_timestamp")?;
+                smp.start_timestamp = r.varint()? as i64;
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok(smp)
+}
+
+/// Walks a 2.0 native histogram, checking every known field's wire type and packed
+/// contents (its bytes are forwarded, so they must be what a receiver can decode); returns its timestamp and
+/// start timestamp. Its bytes are a valid 1.0 `Histogram` (same field numbers; a 1.0
+/// receiver skips `start_timestamp`, field 17, which promnorm removes for 1.0 backends).
+fn decode_histogram_v2(buf: &[u8], start: usize, end: usize) -> Result<(i64, i64), DecodeError> {
+    let mut timestamp = 0i64;
+    let mut start_ts = 0i64;
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        match field {
+            15 => {
+                r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
+                timestamp = r.varint()? as i64;
+            }
+            17 => {
+                r.expect(wire, WIRE_VARINT, "Histogram.start_timestamp")?;
+                start_ts = r.varint()? as i64;
+            }
+            // Bucket spans: messages of two varints.
+            8 | 11 => {
+                r.expect(wire, WIRE_LEN, "Histogram spans")?;
+                let (s, e) = r.len_delimited()?;
+                let mut sr = Reader::new(buf, s, e);
+                while !sr.is_done() {
+                    let (f, w) = sr.key()?;
+                    if f == 1 || f == 2 {
+                        sr.expect(w, WIRE_VARINT, "BucketSpan")?;
+                    }
+                    sr.skip(w)?;
+                }
+            }
+            // Deltas: packed (or single) varints.
+            9 | 12 if wire == WIRE_LEN => {
+                let (s, e) = r.len_delimited()?;
+                let mut pr = Reader::new(buf, s, e);
+                while !pr.is_done() {
+                    pr.varint()?;
+                }
+            }
+            // Counts and custom values: packed (or single) doubles.
+            10 | 13 | 16 if wire == WIRE_LEN => {
+                let (s, e) = r.len_delimited()?;
+                if (e - s) % 8 != 0 {
+                    return Err(DecodeError::Truncated);
+                }
+            }
+            f @ 1..=16 => {
+                let want = match f {
+                    1 | 4 | 6 | 9 | 12 | 14 => WIRE_VARINT,
+                    _ => WIRE_I64,
+                };
+                r.expect(wire, want, "Histogram field")?;
+                r.skip(wire)?;
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok((timestamp, start_ts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::proto::write_v2 as v2;
+    use prost::Message;
+
+    fn request(refs_packed: bool) -> Vec<u8> {
+        let req = v2::Request {
+            symbols: vec![
+                "".into(),
+                "__name__".into(),
+                "http_seconds_bucket".into(),
+                "le".into(),
+                "0.5".into(),
+                "Latency.".into(),
+            ],
+            timeseries: vec![v2::TimeSeries {
+                labels_refs: vec![3, 4, 1, 2],
+                samples: vec![v2::Sample {
+                    value: 2.0,
+                    timestamp: 10,
+                    start_timestamp: 0,
+                }],
+                metadata: Some(v2::Metadata {
+                    r#type: 3,
+                    help_ref: 5,
+                    unit_ref: 0,
+                }),
+                created_timestamp: 4,
+                ..Default::default()
+            }],
+        };
+        let bytes = req.encode_to_vec();
+        if refs_packed {
+            return bytes;
+        }
+        // The same request with unpacked label refs (each its own varint field).
+        let mut ts = Vec::new();
+        for r in [3u8, 4, 1, 2] {
+            ts.extend_from_slice(&[0x08, r]);
+        }
+        let mut rest = req.timeseries[0].clone();
+        rest.labels_refs.clear();
+        ts.extend_from_slice(&rest.encode_to_vec());
+        let mut out = Vec::new();
+        for s in &req.symbols {
+            out.push(0x22);
+            out.push(s.len() as u8);
+            out.extend_from_slice(s.as_bytes());
+        }
+        out.push(0x2a);
+        out.push(ts.len() as u8);
+        out.extend_from_slice(&ts);
+        out
+    }
+
+    #[test]
+    fn packed_and_unpacked_refs_decode_alike() {
+        for packed in [true, false] {
+            let buf = request(packed);
+            let mut d = DecodedRequest::default();
+            d.decode_v2(&buf, DecodeLimits::default()).unwrap();
+            assert!(d.v2);
+            assert_eq!(d.series.len(), 1);
+            let s = d.series[0];
+            assert!(!s.canonical, "2.0 series are always rebuilt");
+            assert_eq!(s.name.str(&buf), "http_seconds_bucket");
+            assert_eq!(s.metric_type, 3);
+            // Sorted by name: __name__ first.
+            let names: Vec<&str> = d.labels.iter().map(|l| l.name.str(&buf)).collect();
+            assert_eq!(names, ["__name__", "le"]);
+            // created_timestamp becomes the samples' start timestamp.
+            assert_eq!(d.samples[0].start_timestamp, 4);
+            assert!(d.has_start_timestamps);
+            // One MetricMetadata for the family, without the histogram suffix.
+            assert_eq!(d.metadata.len(), 1);
+            assert_eq!(d.metadata[0].family.str(&buf), "http_seconds");
+            assert_eq!(d.metadata[0].help.str(&buf), "Latency.");
+            assert!(d.metadata[0].raw.is_empty());
+        }
+    }
+
+    #[test]
+    fn family_names_by_type() {
+        assert_eq!(family_of(b"x_bucket", TYPE_HISTOGRAM), b"x");
+        assert_eq!(family_of(b"x_sum", TYPE_SUMMARY), b"x");
+        assert_eq!(family_of(b"x_bucket", TYPE_SUMMARY), b"x_bucket");
+        assert_eq!(family_of(b"x_total", TYPE_COUNTER), b"x_total");
+        assert_eq!(family_of(b"_count", TYPE_HISTOGRAM), b"_count");
+    }
+
+    #[test]
+    fn limits_apply_to_2_0_too() {
+        let buf = request(true);
+        let mut d = DecodedRequest::default();
+        let limits = DecodeLimits {
+            max_labels_per_series: 1,
+            ..DecodeLimits::default()
+        };
+        assert!(matches!(
+            d.decode_v2(&buf, limits),
+            Err(DecodeError::TooManyLabels(1))
+        ));
+        let limits = DecodeLimits {
+            max_series: 0,
+            ..DecodeLimits::default()
+        };
+        assert!(d.decode_v2(&buf, limits).unwrap_err().is_too_large());
+    }
+}

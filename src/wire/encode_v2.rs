@@ -1,0 +1,683 @@
+//! Remote-write 2.0 output, and clean 1.0 output, from the mapped request.
+//!
+//! The mapping stage writes one body: a 1.0 `WriteRequest` whose samples may carry 2.0's
+//! `start_timestamp` (`Sample` field 3) and whose native histograms may carry theirs
+//! (`Histogram` field 17). From it:
+//! - [`strip_v2`] writes the 1.0 body for 1.0 backends (those two fields removed; only
+//!   needed when the request had start timestamps);
+//! - [`V2Encoder::encode`] writes an `io.prometheus.write.v2.Request`: the symbols table
+//!   built in one pass over the series (a hash table of indices into one byte buffer, no
+//!   `String` per symbol), samples and histograms copied as they are (2.0 numbers their
+//!   fields like 1.0), exemplars' labels turned into references, and each series'
+//!   metadata attached from the request's `MetricMetadata` or, failing that, from what
+//!   earlier requests carried ([`MetadataMemory`]).
+//!
+//! Nothing here allocates per sample once warm: every buffer is reused.
+
+use std::hash::{BuildHasher, Hasher};
+
+use ahash::AHashMap;
+
+use super::DecodeError;
+use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
+use super::pb::{Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len};
+
+/// Field numbers of `io.prometheus.write.v2.Request`.
+const V2_SYMBOLS: u32 = 4;
+const V2_TIMESERIES: u32 = 5;
+
+/// Metadata remembered from earlier requests, by output family name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMetadata {
+    pub metric_type: i32,
+    pub help: Box<[u8]>,
+    pub unit: Box<[u8]>,
+}
+
+/// Families' metadata learnt from requests, to attach to 2.0 series of later requests
+/// that carry none (1.0 senders send metadata in requests of their own). Bounded.
+#[derive(Debug, Default)]
+pub struct MetadataMemory {
+    map: AHashMap<Box<[u8]>, StoredMetadata>,
+}
+
+impl MetadataMemory {
+    /// Families remembered at most.
+    pub const LIMIT: usize = 100_000;
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn get(&self, family: &[u8]) -> Option<&StoredMetadata> {
+        self.map.get(family)
+    }
+}
+
+/// What [`V2Encoder::encode`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct V2Written {
+    pub series: usize,
+    pub symbols: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RequestMetadata {
+    family: (u32, u32),
+    metric_type: i32,
+    help: (u32, u32),
+    unit: (u32, u32),
+}
+
+/// `[start, end)` of a buffer.
+type ByteRange = (u32, u32);
+
+#[inline]
+fn slice(buf: &[u8], r: ByteRange) -> &[u8] {
+    &buf[r.0 as usize..r.1 as usize]
+}
+
+/// Reusable state of the 2.0 encoder.
+#[derive(Default)]
+pub struct V2Encoder {
+    hasher: ahash::RandomState,
+    /// Symbol `i` is `sym_bytes[sym_ends[i-1]..sym_ends[i]]`.
+    sym_bytes: Vec<u8>,
+    sym_ends: Vec<u32>,
+    /// Open addressing: symbol index + 1, 0 for an empty slot.
+    slots: Vec<u32>,
+    refs: Vec<u32>,
+    series_out: Vec<u8>,
+    series_buf: Vec<u8>,
+    ex_buf: Vec<u8>,
+    md: Vec<RequestMetadata>,
+    md_index: AHashMap<u64, u32>,
+}
+
+impl V2Encoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn hash(&self, b: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(b);
+        h.finish()
+    }
+
+    fn symbol_bytes(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.sym_ends[i - 1] };
+        &self.sym_bytes[start as usize..self.sym_ends[i] as usize]
+    }
+
+    fn reset_symbols(&mut self) {
+        self.sym_bytes.clear();
+        self.sym_ends.clear();
+        if self.slots.is_empty() {
+            self.slots.resize(1024, 0);
+        } else {
+            self.slots.fill(0);
+        }
+        // symbols[0] is the empty string (the spec requires it).
+        self.sym_ends.push(0);
+        let h = self.hash(b"");
+        let mask = self.slots.len() - 1;
+        self.slots[h as usize & mask] = 1;
+    }
+
+    /// The index of `s` in the symbols table, adding it when new.
+    fn symbol(&mut self, s: &[u8]) -> u32 {
+        let h = self.hash(s);
+        let mut mask = self.slots.len() - 1;
+        let mut i = h as usize & mask;
+        loop {
+            let v = self.slots[i];
+            if v == 0 {
+                break;
+            }
+            if self.symbol_bytes(v as usize - 1) == s {
+                return v - 1;
+            }
+            i = (i + 1) & mask;
+        }
+        let idx = self.sym_ends.len() as u32;
+        self.sym_bytes.extend_from_slice(s);
+        self.sym_ends.push(self.sym_bytes.len() as u32);
+        if self.sym_ends.len() * 2 > self.slots.len() {
+            self.grow();
+            mask = self.slots.len() - 1;
+            i = h as usize & mask;
+            while self.slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+        }
+        self.slots[i] = idx + 1;
+        idx
+    }
+
+    #[inline(never)]
+    fn grow(&mut self) {
+        let n = self.slots.len() * 2;
+        self.slots.clear();
+        self.slots.resize(n, 0);
+        let mask = n - 1;
+        // The newest symbol is placed by the caller.
+        for idx in 0..self.sym_ends.len() - 1 {
+            let h = self.hash(self.symbol_bytes(idx));
+            let mut i = h as usize & mask;
+            while self.slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = idx as u32 + 1;
+        }
+    }
+
+    /// Encodes `v1` (the mapped request, see the module docs) as a 2.0 `Request` into
+    /// `out`, replacing its contents. `memory` supplies metadata for series whose family
+    /// the request carries none for.
+    pub fn encode(
+        &mut self,
+        v1: &[u8],
+        memory: Option<&MetadataMemory>,
+        out: &mut Vec<u8>,
+    ) -> Result<V2Written, DecodeError> {
+        out.clear();
+        self.reset_symbols();
+        self.series_out.clear();
+        self.md.clear();
+        self.md_index.clear();
+        // The request's metadata first: series look their family up in it.
+        let mut r = Reader::new(v1, 0, v1.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field == 3 && wire == WIRE_LEN {
+                let (s, e) = r.len_delimited()?;
+                self.read_metadata(v1, s, e)?;
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        let mut written = V2Written::default();
+        let mut r = Reader::new(v1, 0, v1.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field == 1 && wire == WIRE_LEN {
+                let (s, e) = r.len_delimited()?;
+                self.encode_series(v1, s, e, memory)?;
+                written.series += 1;
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        for i in 0..self.sym_ends.len() {
+            let start = if i == 0 { 0 } else { self.sym_ends[i - 1] };
+            put_bytes_field(
+                out,
+                V2_SYMBOLS,
+                &self.sym_bytes[start as usize..self.sym_ends[i] as usize],
+            );
+        }
+        out.extend_from_slice(&self.series_out);
+        written.symbols = self.sym_ends.len();
+        Ok(written)
+    }
+
+    fn read_metadata(&mut self, buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {
+        let mut md = RequestMetadata {
+            family: (0, 0),
+            metric_type: 0,
+            help: (0, 0),
+            unit: (0, 0),
+        };
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match (field, wire) {
+                (1, WIRE_VARINT) => md.metric_type = r.varint()? as i32,
+                (2 | 4 | 5, WIRE_LEN) => {
+                    let (s, e) = r.len_delimited()?;
+                    let span = (s as u32, e as u32);
+                    match field {
+                        2 => md.family = span,
+                        4 => md.help = span,
+                        _ => md.unit = span,
+                    }
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        let key = self.hash(slice(buf, md.family));
+        // The first entry of a family wins (the mapper writes one per family anyway).
+        if let std::collections::hash_map::Entry::Vacant(v) = self.md_index.entry(key) {
+            v.insert(self.md.len() as u32);
+            self.md.push(md);
+        }
+        Ok(())
+    }
+
+    /// Metadata for the series named `name`: its family is `name`, or `name` without the
+    /// suffix its type gives its series.
+    fn find_metadata<'m>(
+        &self,
+        buf: &'m [u8],
+        name: &[u8],
+        memory: Option<&'m MetadataMemory>,
+    ) -> Option<(i32, &'m [u8], &'m [u8])> {
+        const CANDIDATES: &[(&[u8], &[u8])] = &[
+            (b"", &[]),
+            (b"_total", &[TYPE_COUNTER]),
+            (b"_bucket", &[TYPE_HISTOGRAM, TYPE_GAUGEHISTOGRAM]),
+            (
+                b"_count",
+                &[TYPE_HISTOGRAM, TYPE_GAUGEHISTOGRAM, TYPE_SUMMARY],
+            ),
+            (
+                b"_sum",
+                &[TYPE_HISTOGRAM, TYPE_GAUGEHISTOGRAM, TYPE_SUMMARY],
+            ),
+            (
+                b"_created",
+                &[
+                    TYPE_COUNTER,
+                    TYPE_HISTOGRAM,
+                    TYPE_GAUGEHISTOGRAM,
+                    TYPE_SUMMARY,
+                ],
+            ),
+        ];
+        for (suffix, types) in CANDIDATES {
+            let Some(family) = name.strip_suffix(*suffix) else {
+                continue;
+            };
+            if family.is_empty() {
+                continue;
+            }
+            let type_ok = |t: i32| types.is_empty() || types.iter().any(|&x| i32::from(x) == t);
+            let key = self.hash(family);
+            if let Some(&i) = self.md_index.get(&key)
+                && let Some(m) = self.md.get(i as usize)
+                && slice(buf, m.family) == family
+            {
+                if type_ok(m.metric_type) {
+                    return Some((m.metric_type, slice(buf, m.help), slice(buf, m.unit)));
+                }
+                continue;
+            }
+            if let Some(m) = memory.and_then(|mem| mem.get(family))
+                && type_ok(m.metric_type)
+            {
+                return Some((m.metric_type, &m.help, &m.unit));
+            }
+        }
+        None
+    }
+
+    fn encode_series(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        memory: Option<&MetadataMemory>,
+    ) -> Result<(), DecodeError> {
+        self.refs.clear();
+        let mut name: (u32, u32) = (0, 0);
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field == 1 && wire == WIRE_LEN {
+                let (s, e) = r.len_delimited()?;
+                let (n, v) = read_label(buf, s, e)?;
+                if slice(buf, n) == b"__name__" {
+                    name = v;
+                }
+                let nr = self.symbol(slice(buf, n));
+                let vr = self.symbol(slice(buf, v));
+                self.refs.push(nr);
+                self.refs.push(vr);
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        let mut body = std::mem::take(&mut self.series_buf);
+        body.clear();
+        put_packed(&mut body, 1, &self.refs);
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            match (field, wire) {
+                (2, WIRE_LEN) => {
+                    let (s, e) = r.len_delimited()?;
+                    put_bytes_field(&mut body, 2, &buf[s..e]);
+                }
+                (4, WIRE_LEN) => {
+                    let (s, e) = r.len_delimited()?;
+                    put_bytes_field(&mut body, 3, &buf[s..e]);
+                }
+                (3, WIRE_LEN) => {
+                    let (s, e) = r.len_delimited()?;
+                    self.encode_exemplar(buf, s, e, &mut body)?;
+                }
+                _ => r.skip(wire)?,
+            }
+        }
+        if let Some((metric_type, help, unit)) = self.find_metadata(buf, slice(buf, name), memory) {
+            let help_ref = if help.is_empty() {
+                0
+            } else {
+                self.symbol(help)
+            };
+            let unit_ref = if unit.is_empty() {
+                0
+            } else {
+                self.symbol(unit)
+            };
+            let mut len = 0;
+            for (v, _) in [
+                (metric_type as u64, 1),
+                (help_ref as u64, 3),
+                (unit_ref as u64, 4),
+            ] {
+                if v != 0 {
+                    len += 1 + varint_len(v);
+                }
+            }
+            put_key(&mut body, 5, WIRE_LEN);
+            put_varint(&mut body, len as u64);
+            for (v, f) in [
+                (metric_type as u64, 1),
+                (help_ref as u64, 3),
+                (unit_ref as u64, 4),
+            ] {
+                if v != 0 {
+                    put_key(&mut body, f, WIRE_VARINT);
+                    put_varint(&mut body, v);
+                }
+            }
+        }
+        put_bytes_field(&mut self.series_out, V2_TIMESERIES, &body);
+        self.series_buf = body;
+        Ok(())
+    }
+
+    fn encode_exemplar(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        body: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let refs_from = self.refs.len();
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field == 1 && wire == WIRE_LEN {
+                let (s, e) = r.len_delimited()?;
+                let (n, v) = read_label(buf, s, e)?;
+                let nr = self.symbol(slice(buf, n));
+                let vr = self.symbol(slice(buf, v));
+                self.refs.push(nr);
+                self.refs.push(vr);
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        let mut ex = std::mem::take(&mut self.ex_buf);
+        ex.clear();
+        put_packed(&mut ex, 1, &self.refs[refs_from..]);
+        self.refs.truncate(refs_from);
+        // value (2) and timestamp (3) are numbered alike in both versions.
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let from = r.pos();
+            let (field, wire) = r.key()?;
+            r.skip(wire)?;
+            if field != 1 {
+                ex.extend_from_slice(&buf[from..r.pos()]);
+            }
+        }
+        put_bytes_field(body, 4, &ex);
+        self.ex_buf = ex;
+        Ok(())
+    }
+
+    /// Stores the request's metadata (from the last [`V2Encoder::encode`] of `v1`) in
+    /// `memory`, when it holds something new. Reads first, so a request whose metadata
+    /// is known already needs no write lock and allocates nothing.
+    pub fn metadata_news(&self, v1: &[u8], memory: &MetadataMemory) -> bool {
+        self.md.iter().any(|m| {
+            let family = slice(v1, m.family);
+            !family.is_empty()
+                && memory.get(family).is_none_or(|s| {
+                    s.metric_type != m.metric_type
+                        || &*s.help != slice(v1, m.help)
+                        || &*s.unit != slice(v1, m.unit)
+                })
+        })
+    }
+
+    /// Stores the request's metadata in `memory` (see [`V2Encoder::metadata_news`]).
+    pub fn remember_metadata(&self, v1: &[u8], memory: &mut MetadataMemory) {
+        for m in &self.md {
+            let family = slice(v1, m.family);
+            if family.is_empty() {
+                continue;
+            }
+            let stored = StoredMetadata {
+                metric_type: m.metric_type,
+                help: slice(v1, m.help).into(),
+                unit: slice(v1, m.unit).into(),
+            };
+            let full = memory.map.len() >= MetadataMemory::LIMIT;
+            match memory.map.get_mut(family) {
+                Some(s) => *s = stored,
+                None if !full => {
+                    memory.map.insert(family.into(), stored);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+fn read_label(buf: &[u8], start: usize, end: usize) -> Result<(ByteRange, ByteRange), DecodeError> {
+    let mut name = (start as u32, start as u32);
+    let mut value = (start as u32, start as u32);
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1 | 2, WIRE_LEN) => {
+                let (s, e) = r.len_delimited()?;
+                if field == 1 {
+                    name = (s as u32, e as u32);
+                } else {
+                    value = (s as u32, e as u32);
+                }
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok((name, value))
+}
+
+/// Writes a packed `repeated uint32` field (nothing when empty).
+fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
+    if values.is_empty() {
+        return;
+    }
+    let len: usize = values.iter().map(|&v| varint_len(u64::from(v))).sum();
+    put_key(out, field, WIRE_LEN);
+    put_varint(out, len as u64);
+    for &v in values {
+        put_varint(out, u64::from(v));
+    }
+}
+
+/// Copies the message `buf[start..end]` into `out` without its field `drop`.
+fn copy_without(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    drop: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), DecodeError> {
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let from = r.pos();
+        let (field, wire) = r.key()?;
+        r.skip(wire)?;
+        if field != drop {
+            out.extend_from_slice(&buf[from..r.pos()]);
+        }
+    }
+    Ok(())
+}
+
+/// Reusable buffers of [`strip_v2`].
+#[derive(Default)]
+pub struct StripScratch {
+    series: Vec<u8>,
+    inner: Vec<u8>,
+}
+
+/// Writes `v1` (the mapped request) into `out` as plain 1.0: without the samples' and
+/// native histograms' start timestamps, which 1.0 has no field for.
+pub fn strip_v2(
+    v1: &[u8],
+    out: &mut Vec<u8>,
+    scratch: &mut StripScratch,
+) -> Result<(), DecodeError> {
+    out.clear();
+    let mut r = Reader::new(v1, 0, v1.len());
+    while !r.is_done() {
+        let from = r.pos();
+        let (field, wire) = r.key()?;
+        if field != 1 || wire != WIRE_LEN {
+            r.skip(wire)?;
+            out.extend_from_slice(&v1[from..r.pos()]);
+            continue;
+        }
+        let (s, e) = r.len_delimited()?;
+        scratch.series.clear();
+        let mut sr = Reader::new(v1, s, e);
+        while !sr.is_done() {
+            let f_from = sr.pos();
+            let (f, w) = sr.key()?;
+            let drop = match (f, w) {
+                (2, WIRE_LEN) => 3,
+                (4, WIRE_LEN) => 17,
+                _ => 0,
+            };
+            if drop == 0 {
+                sr.skip(w)?;
+                scratch.series.extend_from_slice(&v1[f_from..sr.pos()]);
+                continue;
+            }
+            let (is, ie) = sr.len_delimited()?;
+            scratch.inner.clear();
+            copy_without(v1, is, ie, drop, &mut scratch.inner)?;
+            put_bytes_field(&mut scratch.series, f, &scratch.inner);
+        }
+        put_bytes_field(out, 1, &scratch.series);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::encode::{SeriesWriter, write_metadata};
+    use crate::wire::proto::prometheus as pb;
+    use crate::wire::proto::write_v2 as v2;
+    use prost::Message;
+
+    /// A mapped body: `n` series, each with its own label value, one sample with a start
+    /// timestamp, and one metadata entry.
+    fn mapped(n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for i in 0..n {
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"__name__", b"requests_total");
+            w.label(b"id", i.to_string().as_bytes());
+            w.sample_view(&crate::wire::decode::SampleView {
+                value_bits: (i as f64).to_bits(),
+                timestamp: 1000 + i as i64,
+                start_timestamp: 7,
+            });
+            w.finish(&mut out);
+        }
+        write_metadata(&mut out, 1, b"requests", b"Requests.", b"");
+        out
+    }
+
+    #[test]
+    fn symbols_table_grows_and_deduplicates() {
+        let body = mapped(3000);
+        let mut enc = V2Encoder::new();
+        let mut out = Vec::new();
+        let w = enc.encode(&body, None, &mut out).unwrap();
+        assert_eq!(w.series, 3000);
+        let req = v2::Request::decode(out.as_slice()).unwrap();
+        // "", "__name__", "requests_total", "id", 3000 ids, "Requests.".
+        assert_eq!(req.symbols.len(), 3000 + 5);
+        assert_eq!(req.symbols[0], "");
+        for (i, ts) in req.timeseries.iter().enumerate() {
+            let labels: Vec<&str> = ts
+                .labels_refs
+                .iter()
+                .map(|&r| req.symbols[r as usize].as_str())
+                .collect();
+            assert_eq!(labels, ["__name__", "requests_total", "id", &i.to_string()]);
+            assert_eq!(ts.samples[0].start_timestamp, 7);
+            // `requests_total` is the COUNTER family `requests`.
+            let md = ts.metadata.unwrap();
+            assert_eq!(md.r#type, 1);
+            assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+        }
+        // Warm: the same again gives the same bytes.
+        let first = out.clone();
+        enc.encode(&body, None, &mut out).unwrap();
+        assert_eq!(out, first);
+    }
+
+    #[test]
+    fn strip_removes_start_timestamps_only() {
+        let body = mapped(2);
+        let mut out = Vec::new();
+        strip_v2(&body, &mut out, &mut StripScratch::default()).unwrap();
+        let req = pb::WriteRequest::decode(out.as_slice()).unwrap();
+        assert_eq!(req.encode_to_vec(), out, "nothing unknown to 1.0 is left");
+        assert_eq!(req.timeseries.len(), 2);
+        assert_eq!(req.timeseries[1].samples[0].timestamp, 1001);
+        assert_eq!(req.metadata.len(), 1);
+    }
+
+    #[test]
+    fn metadata_is_remembered_only_when_new() {
+        let body = mapped(1);
+        let mut enc = V2Encoder::new();
+        let mut out = Vec::new();
+        let mut memory = MetadataMemory::default();
+        enc.encode(&body, Some(&memory), &mut out).unwrap();
+        assert!(enc.metadata_news(&body, &memory));
+        enc.remember_metadata(&body, &mut memory);
+        assert_eq!(memory.len(), 1);
+        assert!(!enc.metadata_news(&body, &memory));
+        // A later request without metadata gets it from memory.
+        let mut scratch = Vec::new();
+        let mut plain = Vec::new();
+        let mut w = SeriesWriter::new(&mut scratch);
+        w.label(b"__name__", b"requests_total");
+        w.sample(0, 1);
+        w.finish(&mut plain);
+        enc.encode(&plain, Some(&memory), &mut out).unwrap();
+        let req = v2::Request::decode(out.as_slice()).unwrap();
+        let md = req.timeseries[0].metadata.unwrap();
+        assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+    }
+}

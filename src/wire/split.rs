@@ -1,0 +1,292 @@
+//! Splitting a mapped 1.0 request by tenant (issue 11, "Tenant routing"; not wired into
+//! the request path yet): one pass over the series of the mapped body into one body per
+//! value of a tenant label, without re-decoding anything but each series' labels.
+//! Buffers are reused across requests, so a warm split allocates nothing per sample.
+//! Metadata entries go to every tenant's body (they describe families, not series).
+
+use std::hash::{BuildHasher, Hasher};
+
+use ahash::AHashMap;
+
+use super::DecodeError;
+use super::pb::{Reader, WIRE_LEN, put_bytes_field};
+
+/// How to split.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitOptions<'a> {
+    /// The label whose value names the tenant (e.g. `tenant`).
+    pub label: &'a [u8],
+    /// The tenant of series without the label; `None`: they go to the body with
+    /// `tenant: None` (the caller keeps the sender's own tenant header for it).
+    pub default: Option<&'a [u8]>,
+    /// Keep the tenant label on the forwarded series.
+    pub keep_label: bool,
+    /// More distinct tenants than this in one request is an error.
+    pub max_tenants: usize,
+}
+
+/// Why a request could not be split.
+#[derive(Debug, thiserror::Error)]
+pub enum SplitError {
+    #[error("request names more than {0} tenants")]
+    TooManyTenants(usize),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// One tenant's share of a request.
+#[derive(Debug, Default)]
+pub struct TenantBody {
+    tenant: Vec<u8>,
+    has_tenant: bool,
+    /// The tenant's encoded `WriteRequest`.
+    pub body: Vec<u8>,
+    pub series: usize,
+}
+
+impl TenantBody {
+    /// The tenant's name; `None` for series without the label and no default.
+    pub fn tenant(&self) -> Option<&[u8]> {
+        self.has_tenant.then_some(&self.tenant[..])
+    }
+}
+
+/// Reusable state of the split.
+#[derive(Default)]
+pub struct TenantSplit {
+    bodies: Vec<TenantBody>,
+    used: usize,
+    index: AHashMap<u64, u32>,
+    hasher: ahash::RandomState,
+    series_buf: Vec<u8>,
+}
+
+const NO_TENANT_KEY: u64 = u64::MAX;
+
+/// `[start, end)` of the request buffer.
+type Bounds = (usize, usize);
+
+impl TenantSplit {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn body_for(&mut self, tenant: Option<&[u8]>, max: usize) -> Result<usize, SplitError> {
+        let key = match tenant {
+            Some(t) => {
+                let mut h = self.hasher.build_hasher();
+                h.write(t);
+                h.finish() & !1 // never NO_TENANT_KEY
+            }
+            None => NO_TENANT_KEY,
+        };
+        if let Some(&i) = self.index.get(&key) {
+            let b = &self.bodies[i as usize];
+            if b.tenant() == tenant {
+                return Ok(i as usize);
+            }
+        }
+        // Distinct tenants (the body without one does not count).
+        let named = self.bodies[..self.used]
+            .iter()
+            .filter(|b| b.has_tenant)
+            .count();
+        if tenant.is_some() && named >= max {
+            return Err(SplitError::TooManyTenants(max));
+        }
+        if self.used == self.bodies.len() {
+            self.bodies.push(TenantBody::default());
+        }
+        let i = self.used;
+        self.used += 1;
+        let b = &mut self.bodies[i];
+        b.tenant.clear();
+        b.body.clear();
+        b.series = 0;
+        b.has_tenant = tenant.is_some();
+        if let Some(t) = tenant {
+            b.tenant.extend_from_slice(t);
+        }
+        self.index.insert(key, i as u32);
+        Ok(i)
+    }
+
+    /// Splits `v1` (a mapped 1.0 request) by tenant; returns one body per tenant, in the
+    /// order tenants first appear. A request without series yields no body.
+    pub fn split(
+        &mut self,
+        v1: &[u8],
+        opts: &SplitOptions<'_>,
+    ) -> Result<&[TenantBody], SplitError> {
+        self.used = 0;
+        self.index.clear();
+        let mut r = Reader::new(v1, 0, v1.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            if field != 1 || wire != WIRE_LEN {
+                r.skip(wire)?;
+                continue;
+            }
+            let (s, e) = r.len_delimited()?;
+            // The tenant label, and where it sits in the series.
+            let mut tenant: Option<(usize, usize)> = None;
+            let mut label_at: Option<(usize, usize)> = None;
+            let mut sr = Reader::new(v1, s, e);
+            while !sr.is_done() {
+                let from = sr.pos();
+                let (f, w) = sr.key()?;
+                if f == 1 && w == WIRE_LEN {
+                    let (ls, le) = sr.len_delimited()?;
+                    let (name, value) = label(v1, ls, le)?;
+                    if &v1[name.0..name.1] == opts.label {
+                        tenant = Some(value);
+                        label_at = Some((from, sr.pos()));
+                    }
+                } else {
+                    sr.skip(w)?;
+                }
+            }
+            let name = tenant
+                .map(|(a, b)| &v1[a..b])
+                .filter(|t| !t.is_empty())
+                .or(opts.default);
+            let i = self.body_for(name, opts.max_tenants)?;
+            let body = &mut self.bodies[i];
+            body.series += 1;
+            match label_at {
+                Some((a, b)) if !opts.keep_label => {
+                    self.series_buf.clear();
+                    self.series_buf.extend_from_slice(&v1[s..a]);
+                    self.series_buf.extend_from_slice(&v1[b..e]);
+                    put_bytes_field(&mut body.body, 1, &self.series_buf);
+                }
+                _ => put_bytes_field(&mut body.body, 1, &v1[s..e]),
+            }
+        }
+        // Metadata to every tenant.
+        if self.used > 0 {
+            let mut r = Reader::new(v1, 0, v1.len());
+            while !r.is_done() {
+                let from = r.pos();
+                let (field, wire) = r.key()?;
+                r.skip(wire)?;
+                if field == 3 {
+                    for b in &mut self.bodies[..self.used] {
+                        b.body.extend_from_slice(&v1[from..r.pos()]);
+                    }
+                }
+            }
+        }
+        Ok(&self.bodies[..self.used])
+    }
+}
+
+fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
+    let mut name = (start, start);
+    let mut value = (start, start);
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (f, w) = r.key()?;
+        match (f, w) {
+            (1 | 2, WIRE_LEN) => {
+                let span = r.len_delimited()?;
+                if f == 1 {
+                    name = span;
+                } else {
+                    value = span;
+                }
+            }
+            _ => r.skip(w)?,
+        }
+    }
+    Ok((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::encode::{SeriesWriter, write_metadata};
+    use crate::wire::proto::prometheus as pb;
+    use prost::Message;
+
+    fn request(tenants: &[Option<&str>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for (i, t) in tenants.iter().enumerate() {
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"__name__", b"up");
+            w.label(b"i", i.to_string().as_bytes());
+            if let Some(t) = t {
+                w.label(b"tenant", t.as_bytes());
+            }
+            w.sample(1f64.to_bits(), 1000 + i as i64);
+            w.finish(&mut out);
+        }
+        write_metadata(&mut out, 2, b"up", b"Up.", b"");
+        out
+    }
+
+    fn opts(default: Option<&'static [u8]>, keep_label: bool, max: usize) -> SplitOptions<'static> {
+        SplitOptions {
+            label: b"tenant",
+            default,
+            keep_label,
+            max_tenants: max,
+        }
+    }
+
+    fn decoded(b: &TenantBody) -> (Option<String>, pb::WriteRequest) {
+        (
+            b.tenant().map(|t| String::from_utf8(t.to_vec()).unwrap()),
+            pb::WriteRequest::decode(b.body.as_slice()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn three_tenants_and_a_default() {
+        let body = request(&[Some("a"), Some("b"), None, Some("a"), Some("c")]);
+        let mut split = TenantSplit::new();
+        for round in 0..2 {
+            let bodies = split
+                .split(&body, &opts(Some(b"anonymous"), false, 10))
+                .unwrap();
+            let got: Vec<(Option<String>, pb::WriteRequest)> = bodies.iter().map(decoded).collect();
+            let names: Vec<Option<&str>> = got.iter().map(|(t, _)| t.as_deref()).collect();
+            assert_eq!(
+                names,
+                [Some("a"), Some("b"), Some("anonymous"), Some("c")],
+                "round {round}"
+            );
+            let counts: Vec<usize> = got.iter().map(|(_, r)| r.timeseries.len()).collect();
+            assert_eq!(counts, [2, 1, 1, 1]);
+            for (_, r) in &got {
+                assert!(
+                    r.timeseries
+                        .iter()
+                        .all(|ts| ts.labels.iter().all(|l| l.name != "tenant"))
+                );
+                assert_eq!(r.metadata.len(), 1, "metadata to every tenant");
+            }
+        }
+    }
+
+    #[test]
+    fn no_default_keeps_label_and_limits_tenants() {
+        let body = request(&[Some("a"), None]);
+        let mut split = TenantSplit::new();
+        let bodies = split.split(&body, &opts(None, true, 10)).unwrap();
+        let (t0, r0) = decoded(&bodies[0]);
+        assert_eq!(t0.as_deref(), Some("a"));
+        assert!(r0.timeseries[0].labels.iter().any(|l| l.name == "tenant"));
+        assert_eq!(
+            decoded(&bodies[1]).0,
+            None,
+            "unlabelled series keep the sender's tenant"
+        );
+        let body = request(&[Some("a"), Some("b"), Some("c")]);
+        assert!(matches!(
+            split.split(&body, &opts(None, false, 2)),
+            Err(SplitError::TooManyTenants(2))
+        ));
+    }
+}
