@@ -311,12 +311,18 @@ pub fn app_state_with(
                 max_connections: cfg.server.max_connections,
             },
             body_read_timeout: cfg.server.body_read_timeout,
+            budget: crate::server::budget::Budget::new(
+                cfg.limits.max_inflight_bytes,
+                cfg.limits.max_concurrent_requests,
+            ),
+            max_decoded_bytes: cfg.limits.max_decoded_bytes,
         },
     ))
 }
 
 /// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    crate::server::budget::return_large_buffers_to_the_kernel();
     let mut state = app_state(&cfg)?;
     let addr = crate::config::parse_listen(&cfg.listen)
         .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;

@@ -180,6 +180,15 @@ pub struct Limits {
     pub max_labels_per_series: usize,
     /// A label value longer than this gets the request `400`.
     pub max_label_value_bytes: usize,
+    /// Bytes all requests in progress may hold together: each holds its compressed body
+    /// (reserved from `Content-Length` before it is read, else as it streams) and the
+    /// decoded size its snappy header declares, until it is answered (waiting on
+    /// backends included). A request that does not fit gets `429` with `Retry-After`.
+    /// Must be at least `max_body_bytes + max_decoded_bytes`.
+    pub max_inflight_bytes: usize,
+    /// Remote-write requests in progress at most; beyond it `429` with `Retry-After`
+    /// before the body is read.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for Limits {
@@ -190,6 +199,8 @@ impl Default for Limits {
             max_series_per_request: 1_000_000,
             max_labels_per_series: 1_000,
             max_label_value_bytes: 64 << 10,
+            max_inflight_bytes: 1 << 30,
+            max_concurrent_requests: 1024,
         }
     }
 }
@@ -837,6 +848,27 @@ impl Config {
             if d.is_zero() {
                 return Err(self.invalid_at(key, "0", format!("{key} must be positive")));
             }
+        }
+        let largest = self
+            .limits
+            .max_body_bytes
+            .saturating_add(self.limits.max_decoded_bytes);
+        if self.limits.max_inflight_bytes < largest {
+            let v = self.limits.max_inflight_bytes.to_string();
+            return Err(self.invalid_at(
+                "max_inflight_bytes",
+                &v,
+                format!(
+                    "limits.max_inflight_bytes ({v}) must be at least max_body_bytes + max_decoded_bytes ({largest}): a request at the limits could never be admitted"
+                ),
+            ));
+        }
+        if self.limits.max_concurrent_requests == 0 {
+            return Err(self.invalid_at(
+                "max_concurrent_requests",
+                "0",
+                "limits.max_concurrent_requests must be positive",
+            ));
         }
         if self.backends.is_empty() {
             return Err(self.invalid_at(
