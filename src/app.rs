@@ -20,6 +20,8 @@ pub enum BuildError {
     Rules(#[from] CompileError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    #[error(transparent)]
+    ServerTls(#[from] crate::server::tls::TlsError),
 }
 
 /// What a [`Config`] becomes: rules, derived-series settings, the pipeline.
@@ -316,6 +318,19 @@ pub fn app_state_with(
                 cfg.limits.max_concurrent_requests,
             ),
             max_decoded_bytes: cfg.limits.max_decoded_bytes,
+            tls: cfg
+                .server
+                .tls
+                .as_ref()
+                .map(|t| {
+                    crate::server::tls::TlsSource::load(crate::server::tls::TlsFiles {
+                        cert_file: t.cert_file.clone(),
+                        key_file: t.key_file.clone(),
+                        client_ca_file: t.client_ca_file.clone(),
+                    })
+                    .map(Arc::new)
+                })
+                .transpose()?,
         },
     ))
 }

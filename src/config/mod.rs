@@ -224,6 +224,25 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Length of the kernel's queue of connections not yet accepted.
     pub listen_backlog: u32,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of cleartext. Omitted: cleartext
+    /// HTTP/1.1 and h2c.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+/// TLS on the listener. The files are re-read when they change (checked at most once a
+/// second, on a handshake); a new file that does not load keeps the old certificate and
+/// is logged.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of that certificate.
+    pub key_file: PathBuf,
+    /// PEM CA certificates: when set, every client must present a certificate signed by
+    /// one of them (mutual TLS).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -234,6 +253,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
             listen_backlog: 4096,
+            tls: None,
         }
     }
 }
@@ -757,6 +777,23 @@ impl Config {
         Ok(())
     }
 
+    /// Loads what `serve` will load for `server.tls`; errors name the file's position.
+    fn check_server_tls(&self, tls: &ServerTlsConfig) -> Result<(), ConfigError> {
+        let at = |key: &str, p: &Path, e: String| {
+            self.invalid_at(
+                key,
+                &p.display().to_string(),
+                format!("server.tls.{key}: {e}"),
+            )
+        };
+        crate::pem::read_certs(&tls.cert_file).map_err(|e| at("cert_file", &tls.cert_file, e))?;
+        crate::pem::read_key(&tls.key_file).map_err(|e| at("key_file", &tls.key_file, e))?;
+        if let Some(ca) = &tls.client_ca_file {
+            crate::pem::read_certs(ca).map_err(|e| at("client_ca_file", ca, e))?;
+        }
+        Ok(())
+    }
+
     /// Non-fatal remarks about the configuration (printed by check-config, logged by serve).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -869,6 +906,9 @@ impl Config {
                 "0",
                 "limits.max_concurrent_requests must be positive",
             ));
+        }
+        if let Some(tls) = &self.server.tls {
+            self.check_server_tls(tls)?;
         }
         if self.backends.is_empty() {
             return Err(self.invalid_at(

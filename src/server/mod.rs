@@ -2,6 +2,7 @@
 
 pub mod budget;
 pub mod listener;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,8 @@ pub struct AppState {
     pub budget: budget::Budget,
     /// Declared decoded sizes above this are refused (`413`) without a reservation.
     pub max_decoded_bytes: usize,
+    /// TLS on the listener, when configured.
+    pub tls: Option<Arc<tls::TlsSource>>,
 }
 
 /// The server's own settings (the rest of the state is built parts).
@@ -52,6 +55,7 @@ pub struct ServerOptions {
     pub body_read_timeout: Duration,
     pub budget: budget::Budget,
     pub max_decoded_bytes: usize,
+    pub tls: Option<Arc<tls::TlsSource>>,
 }
 
 impl AppState {
@@ -78,6 +82,7 @@ impl AppState {
             body_read_timeout: opts.body_read_timeout,
             budget: opts.budget,
             max_decoded_bytes: opts.max_decoded_bytes,
+            tls: opts.tls,
         }
     }
 }
@@ -404,11 +409,12 @@ pub async fn run(
     drain_timeout: Duration,
 ) -> std::io::Result<()> {
     let limits = state.connection_limits.clone();
+    let tls = state.tls.clone();
     let shutdown = async move {
         shutdown.await;
         state.ready.store(false, Ordering::Relaxed);
     };
-    listener::serve_connections(listener, app, limits, shutdown, drain_timeout).await
+    listener::serve_connections(listener, app, limits, tls, shutdown, drain_timeout).await
 }
 
 /// Resolves on SIGTERM or SIGINT.
