@@ -152,7 +152,7 @@ async fn hundreds_of_senders_with_multi_mb_bodies_stay_under_the_memory_bound() 
     const INFLIGHT: u64 = 48 << 20;
     let (backend, received) = slow_backend(Duration::from_secs(3)).await;
     let served = serve(&format!(
-        "limits:\n  max_body_bytes: 8388608\n  max_decoded_bytes: 16777216\n  max_inflight_bytes: {INFLIGHT}\n  max_concurrent_requests: 200\nbackends:\n  - url: {backend}\n    timeout: 30s\n"
+        "limits:\n  max_body_bytes: 8388608\n  max_decoded_bytes: 16777216\n  max_inflight_bytes: {INFLIGHT}\n  max_concurrent_requests: 200\nderived:\n  enabled: false\nbackends:\n  - url: {backend}\n    timeout: 30s\n"
     ));
     let body = big_request(30_000, 7);
     let decoded = snap::raw::decompress_len(&body).unwrap();
@@ -330,7 +330,7 @@ async fn bodies_without_content_length_are_reserved_as_they_stream() {
     // Budget 6 MiB: one body of about 1.1 MB (2.6 MB decoded) fits, a second does not.
     let proxy = start_proxy(
         &[backend],
-        "limits:\n  max_body_bytes: 2097152\n  max_decoded_bytes: 4194304\n  max_inflight_bytes: 6291456\n",
+        "limits:\n  max_body_bytes: 2097152\n  max_decoded_bytes: 4194304\n  max_inflight_bytes: 6291456\nderived:\n  enabled: false\n",
     )
     .await;
     let body = big_request(15_000, 3);
