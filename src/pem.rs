@@ -27,3 +27,15 @@ pub fn read_key(path: &Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>
         Err(_) => Err(format!("{}: not valid PEM", path.display())),
     }
 }
+
+/// Whether `key` is the private key of the first certificate of `certs` (as rustls
+/// checks when it builds a server configuration).
+pub fn check_pair(
+    certs: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> Result<(), String> {
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(certs, key, &provider)
+        .map(|_| ())
+        .map_err(|e| format!("the key does not fit the certificate: {e}"))
+}

@@ -301,6 +301,8 @@ fn check_config_names_the_position_of_a_bad_tls_file() {
     let cert_file = write(&dir, "cert.pem", &cert);
     let key_file = write(&dir, "key.pem", &key);
     let garbage = write(&dir, "garbage.pem", "this is not PEM\n");
+    let (_, other_key) = ca.issue(&["localhost"], false);
+    let other_key_file = write(&dir, "other-key.pem", &other_key);
     let missing = dir.join("missing.pem");
     let check = |yaml: String| {
         let cfg = promnorm::config::Config::parse(&yaml, "tls.yaml").unwrap();
@@ -332,6 +334,12 @@ fn check_config_names_the_position_of_a_bad_tls_file() {
             4,
             "key_file",
             "no PEM private key",
+        ),
+        (
+            tls_yaml(&cert_file, &other_key_file, None),
+            4,
+            "key_file",
+            "does not fit",
         ),
         (
             tls_yaml(&cert_file, &key_file, Some(&garbage)),

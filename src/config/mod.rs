@@ -786,8 +786,11 @@ impl Config {
                 format!("server.tls.{key}: {e}"),
             )
         };
-        crate::pem::read_certs(&tls.cert_file).map_err(|e| at("cert_file", &tls.cert_file, e))?;
-        crate::pem::read_key(&tls.key_file).map_err(|e| at("key_file", &tls.key_file, e))?;
+        let certs = crate::pem::read_certs(&tls.cert_file)
+            .map_err(|e| at("cert_file", &tls.cert_file, e))?;
+        let key =
+            crate::pem::read_key(&tls.key_file).map_err(|e| at("key_file", &tls.key_file, e))?;
+        crate::pem::check_pair(certs, key).map_err(|e| at("key_file", &tls.key_file, e))?;
         if let Some(ca) = &tls.client_ca_file {
             crate::pem::read_certs(ca).map_err(|e| at("client_ca_file", ca, e))?;
         }
