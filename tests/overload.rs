@@ -346,6 +346,11 @@ async fn bodies_without_content_length_are_reserved_as_they_stream() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (code, text) = chunked_post(addr, &body).await;
     assert_eq!(code, 429, "{text}");
+    // A body whose snappy header declares more than it can produce reserves nothing for
+    // it: the decoder's 400, not a 429, even with the budget nearly spent.
+    let lying = vec![0xff, 0xff, 0xff, 0x01, 0x00]; // declares 4 MiB - 1 in 5 bytes
+    let r = post(&proxy.url(), lying, RW_HEADERS).await;
+    assert_eq!(r.status.as_u16(), 400, "{}", r.body);
     assert!(
         text.to_ascii_lowercase().contains("retry-after: 1"),
         "{text}"

@@ -314,10 +314,15 @@ async fn write(State(st): State<Arc<AppState>>, headers: HeaderMap, mut body: Bo
             return answer(StatusCode::BAD_REQUEST, &format!("reading body: {e}"), None);
         }
     };
-    // The decoded size the body declares is held for the request's lifetime too (a
-    // declaration over the limit is refused by the decoder before it allocates).
+    // The decoded size the body declares is held for the request's lifetime too. A
+    // declaration over the limit, or more than the body can produce, is refused by the
+    // decoder (413, 400) before it allocates: such a body reserves nothing more.
     if let Ok(declared) = snap::raw::decompress_len(&body)
         && declared <= st.max_decoded_bytes
+        && declared
+            <= body
+                .len()
+                .saturating_mul(crate::wire::snappy::MAX_EXPANSION)
         && let Err(why) = ticket.reserve(declared)
     {
         drop(ticket);
