@@ -27,6 +27,8 @@ pub enum BuildError {
     /// A backend's queue could not be opened (its directory held or unwritable).
     #[error("{0}")]
     Queue(String),
+    #[error(transparent)]
+    ServerTls(#[from] crate::server::tls::TlsError),
 }
 
 /// What a [`Config`] becomes: rules, derived-series settings, the pipeline.
@@ -380,6 +382,26 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
             max_connections: cfg.server.max_connections,
         },
         body_read_timeout: cfg.server.body_read_timeout,
+        budget: crate::server::budget::Budget::new(
+            cfg.limits.max_inflight_bytes,
+            cfg.limits.max_concurrent_requests,
+        ),
+        max_decoded_bytes: cfg.limits.max_decoded_bytes,
+        tls: cfg
+            .server
+            .tls
+            .as_ref()
+            .map(|t| {
+                crate::server::tls::TlsSource::load(crate::server::tls::TlsFiles {
+                    cert_file: t.cert_file.clone(),
+                    key_file: t.key_file.clone(),
+                    client_ca_file: t.client_ca_file.clone(),
+                })
+                .map(Arc::new)
+            })
+            .transpose()?,
+        throttle_status: http::StatusCode::from_u16(cfg.server.throttle_status)
+            .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
     })
 }
 
@@ -391,6 +413,7 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     #[cfg(unix)]
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;
+    crate::server::budget::return_large_buffers_to_the_kernel();
     let cfg = source.load()?;
     let addr = crate::config::parse_listen(&cfg.listen)
         .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;

@@ -12,6 +12,7 @@ pub mod exposition;
 pub mod forward;
 pub mod mapping;
 pub mod normalize;
+pub mod pem;
 pub mod pipeline;
 pub mod reload;
 pub mod rules_export;

@@ -334,6 +334,9 @@ impl Reloader {
     async fn replace(&self, running: &mut Running) -> Result<Kept, BuildError> {
         let mut cfg = self.source.load()?;
         let rules = cfg.validate()?;
+        // Restart-only settings keep their running value before anything is built from
+        // them (e.g. server.throttle_status, which the queues answer with).
+        let restart_only = keep_restart_settings(&running.cfg, &mut cfg);
         let backends = build_backends(&cfg, &running.backends)?;
         let derive = cfg.derive_settings()?;
         let rules_key = rules_key(&cfg)?;
@@ -361,7 +364,7 @@ impl Reloader {
         }
         pipeline = pipeline.with_counter_families_of(&old.pipeline);
         // Validated and built: from here on nothing fails.
-        for key in keep_restart_settings(&running.cfg, &mut cfg) {
+        for key in restart_only {
             tracing::warn!(
                 "{key} changed: it takes effect only after a restart; the running value stays"
             );
@@ -372,6 +375,14 @@ impl Reloader {
         let mut state = AppState::new(pipeline, forwarder(&backends), server_options(&cfg)?);
         state.ready = old.ready.clone();
         state.connection_limits = old.connection_limits.clone();
+        // The listener keeps the TLS source it started with (server.* needs a restart);
+        // the overload budget carries its reservations over unless its limits changed.
+        state.tls = old.tls.clone();
+        if cfg.limits.max_inflight_bytes == running.cfg.limits.max_inflight_bytes
+            && cfg.limits.max_concurrent_requests == running.cfg.limits.max_concurrent_requests
+        {
+            state.budget = old.budget.clone();
+        }
         let state = Arc::new(state);
         // A changed or removed backend's queue ends before its successor opens (a disk
         // queue's directory is held by one queue at a time): a disk queue stops at once

@@ -41,6 +41,9 @@ pub fn register_pipeline(rules: &Rules, derived_series: impl Iterator<Item = &'s
     for reason in ["stale", "max_series"] {
         metrics::counter!(DERIVED_EVICTIONS, "reason" => reason).increment(0);
     }
+    for reason in THROTTLE_REASONS {
+        metrics::counter!(REQUESTS_THROTTLED, "reason" => *reason).increment(0);
+    }
 }
 
 /// The standard `process_*` metrics (as Prometheus' client libraries write them), read
@@ -174,6 +177,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         REQUESTS,
         Kind::Counter,
         "Remote-write requests answered, by status code.",
+    ),
+    (
+        REQUESTS_THROTTLED,
+        Kind::Counter,
+        "Remote-write requests answered 429 by the overload budget, by reason (concurrent_requests, inflight_bytes).",
     ),
     (
         SAMPLES_RECEIVED,
@@ -319,6 +327,9 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
+pub const REQUESTS_THROTTLED: &str = "promnorm_requests_throttled_total";
+/// The `reason` values of [`REQUESTS_THROTTLED`].
+pub const THROTTLE_REASONS: &[&str] = &["concurrent_requests", "inflight_bytes"];
 pub const SAMPLES_RECEIVED: &str = "promnorm_samples_received_total";
 pub const SAMPLES_FORWARDED: &str = "promnorm_samples_forwarded_total";
 pub const SAMPLES_DROPPED: &str = "promnorm_samples_dropped_total";
@@ -371,6 +382,11 @@ fn describe() {
 
 pub fn request_answered(code: u16) {
     metrics::counter!(REQUESTS, "code" => code.to_string()).increment(1);
+}
+
+/// A request refused by the overload budget (`reason`: one of [`THROTTLE_REASONS`]).
+pub fn request_throttled(reason: &'static str) {
+    metrics::counter!(REQUESTS_THROTTLED, "reason" => reason).increment(1);
 }
 
 pub fn samples_received(n: u64) {

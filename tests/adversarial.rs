@@ -43,6 +43,8 @@ fn raw_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8])
 struct Served {
     child: Child,
     addr: SocketAddr,
+    /// stderr goes to a file: a pipe nobody reads would block a chatty (trace) process.
+    log: std::path::PathBuf,
 }
 
 impl Served {
@@ -56,7 +58,7 @@ impl Served {
         cmd.args(["serve", "--config"])
             .arg(&cfg)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -70,7 +72,11 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Served { child, addr }
+        Served {
+            child,
+            addr,
+            log: dir.join("stderr.log"),
+        }
     }
 
     fn rss_kib(&self) -> u64 {
@@ -86,8 +92,8 @@ impl Served {
     /// Stops the process and returns everything it logged.
     fn stop(mut self) -> String {
         let _ = self.child.kill();
-        let out = self.child.wait_with_output().expect("wait");
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -243,6 +249,126 @@ fn credentials_in_a_backend_url_never_reach_the_logs() {
     assert!(!out.status.success());
     assert!(err.contains("ftp://alice:<secret>@host/x"), "{err}");
     assert!(!err.contains(SECRET), "{err}");
+
+    secrets_never_reach_metrics_printed_config_or_logs(&dir, (backend, auth_seen));
+}
+
+/// A backend password (in the URL), a backend bearer token and an ingest token (from
+/// the environment), and a TLS private key: none of them in the logs (trace level, a
+/// certificate reload that fails included), `/metrics`, errors, or `check-config --print`.
+fn secrets_never_reach_metrics_printed_config_or_logs(
+    dir: &std::path::Path,
+    (backend, auth_seen): (SocketAddr, Arc<Mutex<Vec<String>>>),
+) {
+    const PASSWORD: &str = "Sup3rS3cretPassw0rd";
+    const TOKEN: &str = "b3arerT0kenForTheBackend";
+    const INGEST: &str = "ingestT0kenOfTheSender";
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let key_pem = cert.signing_key.serialize_pem();
+    let key_line: String = key_pem.lines().nth(1).unwrap().to_string();
+    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, &key_pem).unwrap();
+    let config = format!(
+        "backends:\n  - url: http://alice:{PASSWORD}@{backend}/api/v1/write\n  - name: tokened\n    url: http://{backend}/api/v1/write\n    bearer_token: {{env: PROMNORM_TEST_BACKEND_TOKEN}}\ningest_auth:\n  bearer_token: {{env: PROMNORM_TEST_INGEST_TOKEN}}\nserver:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+        cert_file.display(),
+        key_file.display()
+    );
+    let env = [
+        ("RUST_LOG", "trace"),
+        ("PROMNORM_TEST_BACKEND_TOKEN", TOKEN),
+        ("PROMNORM_TEST_INGEST_TOKEN", INGEST),
+    ];
+    let served = Served::start(&config, &env);
+    let base = format!("https://127.0.0.1:{}", served.addr.port());
+    let body = dir.join("body.bin");
+    let req = pb::WriteRequest {
+        timeseries: vec![series(&[("__name__", "up"), ("job", "x")], &[(1.0, 1000)])],
+        ..Default::default()
+    };
+    std::fs::write(&body, encode(&req)).unwrap();
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-sS", "-k", "--max-time", "30"])
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let bearer = format!("Authorization: Bearer {INGEST}");
+    let data = format!("@{}", body.display());
+    let write_url = format!("{base}/api/v1/write");
+    let mut posted = vec![];
+    for auth in [bearer.as_str(), "Authorization: Bearer wrong-token"] {
+        posted.push(curl(&[
+            "-w",
+            " %{http_code}",
+            "--data-binary",
+            &data,
+            "-H",
+            "Content-Encoding: snappy",
+            "-H",
+            "Content-Type: application/x-protobuf",
+            "-H",
+            auth,
+            &write_url,
+        ]));
+    }
+    let metrics = curl(&[&format!("{base}/metrics")]);
+    // A broken certificate file: the reload fails, is logged, the old one stays.
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(&cert_file, "garbage").unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let after = curl(&[&format!("{base}/-/healthy")]);
+    assert!(after.contains("healthy"), "{after}");
+    let logs = served.stop();
+    let tail: String = {
+        let lines: Vec<&str> = logs.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    assert!(posted[0].ends_with(" 204"), "{posted:?}\n{tail}");
+    assert!(posted[1].ends_with(" 403"), "{posted:?}\n{tail}");
+    assert!(
+        metrics.contains("promnorm_requests_total"),
+        "{metrics}\n{tail}"
+    );
+    assert!(
+        logs.contains("keeping the previous certificate"),
+        "the failed reload is logged: {logs}"
+    );
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    let printed_path = dir.join("printed.yaml");
+    std::fs::write(&printed_path, format!("listen: 127.0.0.1:1\n{config}")).unwrap();
+    let printed = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+        .args(["check-config", "--print"])
+        .arg(&printed_path)
+        .envs(env)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&printed.stdout).into_owned()
+        + &String::from_utf8_lossy(&printed.stderr);
+    assert!(printed.contains("alice:<secret>@"), "{printed}");
+    for (what, text) in [
+        ("logs", &logs),
+        ("/metrics", &metrics),
+        ("answers", &posted.join("\n")),
+        ("check-config --print", &printed),
+    ] {
+        for (secret, name) in [
+            (PASSWORD, "password"),
+            (TOKEN, "backend bearer token"),
+            (INGEST, "ingest token"),
+            (key_line.as_str(), "TLS private key"),
+        ] {
+            assert!(
+                !text.contains(secret),
+                "the {name} leaked into {what}:\n{text}"
+            );
+        }
+    }
+    // The secrets were used: basic auth and the bearer token reached the backend.
+    let seen = auth_seen.lock().unwrap().clone();
+    assert!(seen.contains(&format!("Bearer {TOKEN}")), "{seen:?}");
 }
 
 fn base64(input: &[u8]) -> String {

@@ -9,13 +9,19 @@ use common::*;
 use promnorm::wire::proto::prometheus as pb;
 
 fn small_request() -> Vec<u8> {
-    encode(&pb::WriteRequest {
+    compress(&small_request_raw())
+}
+
+fn small_request_raw() -> Vec<u8> {
+    use prost::Message;
+    pb::WriteRequest {
         timeseries: vec![series(
             &[("__name__", "up"), ("job", "x")],
             &[(1.0, 1000), (0.0, 2000)],
         )],
         metadata: vec![],
-    })
+    }
+    .encode_to_vec()
 }
 
 #[tokio::test]
@@ -347,4 +353,95 @@ async fn shutdown_drains_in_flight_requests() {
     let done = tokio::time::timeout(Duration::from_secs(5), p.done).await;
     assert!(done.is_ok(), "server stopped after draining");
     assert_eq!(rec.requests().len(), 1);
+}
+
+/// The bad-input classes of README's wire table that `bad_input_gets_clear_4xx` does not
+/// cover, each through the HTTP path: nothing invalid reaches the backend.
+#[tokio::test]
+async fn every_bad_input_class_of_the_wire_table_is_answered_over_http() {
+    let (b, rec) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(&[b], "limits:\n  max_series_per_request: 3\n").await;
+    let raw_series = |labels: &[(&[u8], &[u8])]| {
+        // Built by hand: prost cannot write invalid UTF-8.
+        let mut ts = Vec::new();
+        for (n, v) in labels {
+            let mut l = vec![0x0a, n.len() as u8];
+            l.extend_from_slice(n);
+            l.extend_from_slice(&[0x12, v.len() as u8]);
+            l.extend_from_slice(v);
+            ts.push(0x0a);
+            ts.push(l.len() as u8);
+            ts.extend_from_slice(&l);
+        }
+        let mut req = vec![0x0a, ts.len() as u8];
+        req.extend_from_slice(&ts);
+        compress(&req)
+    };
+    type Case<'a> = (&'a str, Vec<u8>, &'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "empty label name",
+            raw_series(&[(b"__name__", b"up"), (b"", b"v")]),
+            RW_HEADERS,
+            400,
+            "empty label name",
+        ),
+        (
+            "non-UTF-8 label value",
+            raw_series(&[(b"__name__", b"up"), (b"a", b"\xff\xfe")]),
+            RW_HEADERS,
+            400,
+            "UTF-8",
+        ),
+        (
+            "truncated protobuf",
+            compress(&small_request_raw()[..10]),
+            RW_HEADERS,
+            400,
+            "truncated",
+        ),
+        (
+            "malformed native histogram",
+            compress(&[
+                0x0a, 0x14, 0x0a, 0x0d, 0x0a, 0x08, b'_', b'_', b'n', b'a', b'm', b'e', b'_', b'_',
+                0x12, 0x01, b'x', 0x22, 0x03, 0x62, 0x01, 0x80,
+            ]),
+            RW_HEADERS,
+            400,
+            "protobuf",
+        ),
+        (
+            "more series than limits.max_series_per_request",
+            encode(&pb::WriteRequest {
+                timeseries: (0..4)
+                    .map(|i| series(&[("__name__", "up"), ("i", &i.to_string())], &[(1.0, 1)]))
+                    .collect(),
+                metadata: vec![],
+            }),
+            RW_HEADERS,
+            413,
+            "more than 3 series",
+        ),
+        (
+            "missing Content-Encoding",
+            small_request(),
+            &[("Content-Type", "application/x-protobuf")],
+            415,
+            "missing Content-Encoding",
+        ),
+        (
+            "missing Content-Type",
+            small_request(),
+            &[("Content-Encoding", "snappy")],
+            415,
+            "Content-Type",
+        ),
+    ];
+    for (what, body, headers, want, reason) in cases {
+        let r = post(&p.url(), body, headers).await;
+        assert_eq!(r.status.as_u16(), want, "{what}: {}", r.body);
+        assert!(r.body.contains(reason), "{what}: {}", r.body);
+        assert_eq!(r.body.lines().count(), 1, "{what}: one-line reason");
+    }
+    assert!(rec.requests().is_empty(), "nothing invalid was forwarded");
 }

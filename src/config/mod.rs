@@ -155,6 +155,15 @@ pub struct Limits {
     pub max_labels_per_series: usize,
     /// A label value longer than this gets the request `400`.
     pub max_label_value_bytes: usize,
+    /// Bytes all requests in progress may hold together: each holds its compressed body
+    /// (reserved from `Content-Length` before it is read, else as it streams) and the
+    /// decoded size its snappy header declares, until it is answered (waiting on
+    /// backends included). A request that does not fit gets `429` with `Retry-After`.
+    /// Must be at least `max_body_bytes + max_decoded_bytes`.
+    pub max_inflight_bytes: usize,
+    /// Remote-write requests in progress at most; beyond it `429` with `Retry-After`
+    /// before the body is read.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for Limits {
@@ -165,6 +174,8 @@ impl Default for Limits {
             max_series_per_request: 1_000_000,
             max_labels_per_series: 1_000,
             max_label_value_bytes: 64 << 10,
+            max_inflight_bytes: 1 << 30,
+            max_concurrent_requests: 1024,
         }
     }
 }
@@ -193,6 +204,25 @@ pub struct ServerConfig {
     /// retries a 429 only with `queue_config.retry_on_http_429: true` (default false):
     /// without it, choose 503.
     pub throttle_status: u16,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of cleartext. Omitted: cleartext
+    /// HTTP/1.1 and h2c.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+/// TLS on the listener. The files are re-read when they change (checked at most once a
+/// second, on a handshake); a new file that does not load keeps the old certificate and
+/// is logged.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of that certificate.
+    pub key_file: PathBuf,
+    /// PEM CA certificates: when set, every client must present a certificate signed by
+    /// one of them (mutual TLS).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -204,6 +234,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             listen_backlog: 4096,
             throttle_status: 429,
+            tls: None,
         }
     }
 }
@@ -931,6 +962,26 @@ impl Config {
         Ok(())
     }
 
+    /// Loads what `serve` will load for `server.tls`; errors name the file's position.
+    fn check_server_tls(&self, tls: &ServerTlsConfig) -> Result<(), ConfigError> {
+        let at = |key: &str, p: &Path, e: String| {
+            self.invalid_at(
+                key,
+                &p.display().to_string(),
+                format!("server.tls.{key}: {e}"),
+            )
+        };
+        let certs = crate::pem::read_certs(&tls.cert_file)
+            .map_err(|e| at("cert_file", &tls.cert_file, e))?;
+        let key =
+            crate::pem::read_key(&tls.key_file).map_err(|e| at("key_file", &tls.key_file, e))?;
+        crate::pem::check_pair(certs, key).map_err(|e| at("key_file", &tls.key_file, e))?;
+        if let Some(ca) = &tls.client_ca_file {
+            crate::pem::read_certs(ca).map_err(|e| at("client_ca_file", ca, e))?;
+        }
+        Ok(())
+    }
+
     /// Non-fatal remarks about the configuration (printed by check-config, logged by serve).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -1046,6 +1097,30 @@ impl Config {
                 &self.server.throttle_status.to_string(),
                 "server.throttle_status must be 429 or 503",
             ));
+        }
+        let largest = self
+            .limits
+            .max_body_bytes
+            .saturating_add(self.limits.max_decoded_bytes);
+        if self.limits.max_inflight_bytes < largest {
+            let v = self.limits.max_inflight_bytes.to_string();
+            return Err(self.invalid_at(
+                "max_inflight_bytes",
+                &v,
+                format!(
+                    "limits.max_inflight_bytes ({v}) must be at least max_body_bytes + max_decoded_bytes ({largest}): a request at the limits could never be admitted"
+                ),
+            ));
+        }
+        if self.limits.max_concurrent_requests == 0 {
+            return Err(self.invalid_at(
+                "max_concurrent_requests",
+                "0",
+                "limits.max_concurrent_requests must be positive",
+            ));
+        }
+        if let Some(tls) = &self.server.tls {
+            self.check_server_tls(tls)?;
         }
         if self.backends.is_empty() {
             return Err(self.invalid_at(

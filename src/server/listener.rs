@@ -1,7 +1,7 @@
 //! Accepting and serving connections with the hygiene a write path needs: a bounded
 //! number of connections, a deadline for request headers, idle keep-alive connections
-//! closed, an explicit listen backlog, HTTP/1.1 and HTTP/2 (h2c) on one port, and a
-//! graceful drain on shutdown.
+//! closed, an explicit listen backlog, HTTP/1.1 and HTTP/2 (h2c) on one port, or both
+//! over TLS (ALPN) when `server.tls` is set, and a graceful drain on shutdown.
 
 use std::future::Future;
 use std::io;
@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -86,6 +86,7 @@ pub async fn serve_connections(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<Arc<super::tls::TlsSource>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     drain_timeout: Duration,
 ) -> io::Result<()> {
@@ -131,7 +132,7 @@ pub async fn serve_connections(
         };
         let _ = stream.set_nodelay(true);
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let io = TokioIo::new(IdleTimeoutIo::new(stream, &limits, in_flight.clone()));
+        let io_in_flight = in_flight.clone();
         let app = app.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let guard = InFlight::enter(&in_flight);
@@ -145,10 +146,40 @@ pub async fn serve_connections(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let open = open.clone();
+        let tls = tls.as_ref().map(|t| t.acceptor());
+        let limits = limits.clone();
         tokio::spawn(async move {
             open.increment(1.0);
-            let conn = builder.serve_connection(io, service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
+            let served = match tls {
+                None => {
+                    let io = TokioIo::new(IdleTimeoutIo::new(stream, &limits, io_in_flight));
+                    watcher
+                        .watch(builder.serve_connection(io, service).into_owned())
+                        .await
+                }
+                Some(acceptor) => {
+                    // The handshake is part of the request head: same deadline.
+                    let within = limits.header_read_timeout.min(limits.idle_timeout);
+                    match tokio::time::timeout(within, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => {
+                            let io =
+                                TokioIo::new(IdleTimeoutIo::new(tls_stream, &limits, io_in_flight));
+                            watcher
+                                .watch(builder.serve_connection(io, service).into_owned())
+                                .await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            tracing::debug!("TLS handshake not completed in time");
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             open.decrement(1.0);
@@ -186,8 +217,8 @@ impl Drop for InFlight {
 /// must be complete within `header_read_timeout`; with nothing arriving, the connection
 /// is closed after `idle_timeout`. A read past a deadline fails with `TimedOut`, and
 /// hyper closes the connection.
-struct IdleTimeoutIo {
-    inner: TcpStream,
+struct IdleTimeoutIo<S> {
+    inner: S,
     idle: Duration,
     header: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -196,8 +227,8 @@ struct IdleTimeoutIo {
     in_flight: Arc<AtomicUsize>,
 }
 
-impl IdleTimeoutIo {
-    fn new(inner: TcpStream, limits: &ConnectionLimits, in_flight: Arc<AtomicUsize>) -> Self {
+impl<S> IdleTimeoutIo<S> {
+    fn new(inner: S, limits: &ConnectionLimits, in_flight: Arc<AtomicUsize>) -> Self {
         // A new connection must send its first request's headers in time too: from the
         // connection, not from its first byte.
         let reading_head = limits.header_read_timeout <= limits.idle_timeout;
@@ -240,7 +271,7 @@ impl IdleTimeoutIo {
     }
 }
 
-impl AsyncRead for IdleTimeoutIo {
+impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeoutIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -279,7 +310,7 @@ impl AsyncRead for IdleTimeoutIo {
     }
 }
 
-impl AsyncWrite for IdleTimeoutIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeoutIo<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -1,8 +1,10 @@
 //! The HTTP server: remote-write ingest, own telemetry, health and readiness.
 
+pub mod budget;
 pub mod listener;
 pub mod live;
 mod negotiate;
+pub mod tls;
 
 pub use live::{Live, ReloadHook};
 
@@ -17,7 +19,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -42,6 +43,14 @@ pub struct AppState {
     pub connection_limits: listener::ConnectionLimits,
     /// A request's body must arrive within this once its headers are in.
     pub body_read_timeout: Duration,
+    /// Requests in progress and the bytes they hold (`429` beyond it).
+    pub budget: budget::Budget,
+    /// Declared decoded sizes above this are refused (`413`) without a reservation.
+    pub max_decoded_bytes: usize,
+    /// TLS on the listener, when configured.
+    pub tls: Option<Arc<tls::TlsSource>>,
+    /// The answer when promnorm is full and the sender should retry (429 or 503).
+    pub throttle_status: StatusCode,
 }
 
 /// The server's own settings (the rest of the state is built parts).
@@ -51,6 +60,10 @@ pub struct ServerOptions {
     pub ingest_token: Option<String>,
     pub connection_limits: listener::ConnectionLimits,
     pub body_read_timeout: Duration,
+    pub budget: budget::Budget,
+    pub max_decoded_bytes: usize,
+    pub tls: Option<Arc<tls::TlsSource>>,
+    pub throttle_status: StatusCode,
 }
 
 impl AppState {
@@ -75,6 +88,10 @@ impl AppState {
             ready: Arc::new(AtomicBool::new(true)),
             connection_limits: opts.connection_limits,
             body_read_timeout: opts.body_read_timeout,
+            budget: opts.budget,
+            max_decoded_bytes: opts.max_decoded_bytes,
+            tls: opts.tls,
+            throttle_status: opts.throttle_status,
         }
     }
 }
@@ -287,7 +304,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) -> Response {
+async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body) -> Response {
     // One state for the whole request: a reload meanwhile does not change its rules.
     let st = live.current();
     if let Err(resp) = check_auth(&st, &headers) {
@@ -297,10 +314,11 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
         Ok(p) => p,
         Err(reason) => return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None),
     };
-    if let Some(len) = headers
+    let content_length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(len) = content_length
         && len > st.max_body_bytes
     {
         return answer(
@@ -312,9 +330,18 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
             None,
         );
     }
+    // The overload budget: a slot, then the declared body bytes, before reading any.
+    let mut ticket = match st.budget.admit() {
+        Ok(t) => t,
+        Err(why) => return throttled(&st, why, body),
+    };
+    let up_front = content_length.unwrap_or(0);
+    if let Err(why) = ticket.reserve(up_front) {
+        return throttled(&st, why, body);
+    }
     let collected = tokio::time::timeout(
         st.body_read_timeout,
-        Limited::new(body, st.max_body_bytes).collect(),
+        budget::read_body(&mut body, &mut ticket, up_front, st.max_body_bytes),
     )
     .await;
     let Ok(collected) = collected else {
@@ -328,16 +355,37 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
         );
     };
     let body = match collected {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+        Ok(b) => b,
+        Err(budget::BodyError::Throttled(why)) => {
+            drop(ticket);
+            return throttled(&st, why, body);
+        }
+        Err(budget::BodyError::TooLarge { limit }) => {
             return answer(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("body is over the limit of {} bytes", st.max_body_bytes),
+                &format!("body is over the limit of {limit} bytes"),
                 None,
             );
         }
-        Err(e) => return answer(StatusCode::BAD_REQUEST, &format!("reading body: {e}"), None),
+        Err(budget::BodyError::Read(e)) => {
+            return answer(StatusCode::BAD_REQUEST, &format!("reading body: {e}"), None);
+        }
     };
+    // The decoded size the body declares is held for the request's lifetime too. A
+    // declaration over the limit, or more than the body can produce, is refused by the
+    // decoder (413, 400) before it allocates: such a body reserves nothing more.
+    if let Ok(declared) = snap::raw::decompress_len(&body)
+        && declared <= st.max_decoded_bytes
+        && declared
+            <= body
+                .len()
+                .saturating_mul(crate::wire::snappy::MAX_EXPANSION)
+        && let Err(why) = ticket.reserve(declared)
+    {
+        drop(ticket);
+        telemetry::request_throttled(why.reason());
+        return throttled_answer(&st, why);
+    }
 
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.take_workspace();
@@ -371,6 +419,7 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
         }
     };
     st.pipeline.return_workspace(ws);
+    drop(body);
     telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
 
     if processed.empty {
@@ -393,10 +442,38 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) ->
     if !v.status.is_success() {
         tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
     }
-    negotiate::written(
+    let resp = negotiate::written(
         answer(v.status, &v.reason, v.retry_after),
         protocol,
         &processed,
+    );
+    drop(ticket);
+    resp
+}
+
+/// The throttle status (`server.throttle_status`) for a request beyond the overload
+/// budget, counted by reason; the rest of its body is discarded in the background.
+fn throttled(st: &AppState, why: budget::Throttle, body: Body) -> Response {
+    telemetry::request_throttled(why.reason());
+    budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
+    throttled_answer(st, why)
+}
+
+fn throttled_answer(st: &AppState, why: budget::Throttle) -> Response {
+    answer(
+        st.throttle_status,
+        &format!(
+            "promnorm is over its {} budget (limits.{}); retry later",
+            match why {
+                budget::Throttle::Concurrency => "concurrent-request",
+                budget::Throttle::Bytes => "in-flight bytes",
+            },
+            match why {
+                budget::Throttle::Concurrency => "max_concurrent_requests",
+                budget::Throttle::Bytes => "max_inflight_bytes",
+            }
+        ),
+        Some(HeaderValue::from_static(budget::RETRY_AFTER_SECONDS)),
     )
 }
 
@@ -411,11 +488,12 @@ pub async fn run(
     drain_timeout: Duration,
 ) -> std::io::Result<()> {
     let limits = state.connection_limits.clone();
+    let tls = state.tls.clone();
     let shutdown = async move {
         shutdown.await;
         state.ready.store(false, Ordering::Relaxed);
     };
-    listener::serve_connections(listener, app, limits, shutdown, drain_timeout).await
+    listener::serve_connections(listener, app, limits, tls, shutdown, drain_timeout).await
 }
 
 /// Resolves on SIGTERM or SIGINT.

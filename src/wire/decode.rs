@@ -475,18 +475,72 @@ fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, Dec
 
 /// Walks a native histogram (checking it is well-formed) and returns its timestamp.
 fn decode_histogram_timestamp(buf: &[u8], start: usize, end: usize) -> Result<i64, DecodeError> {
+    // A histogram is forwarded as its original bytes, so every field is checked here as
+    // a protobuf decoder would: a malformed one would make the backend refuse the whole
+    // request (found by tests/fuzz.rs).
     let mut timestamp = 0i64;
     let mut r = Reader::new(buf, start, end);
     while !r.is_done() {
         let (field, wire) = r.key()?;
-        if field == 15 {
-            r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
-            timestamp = r.varint()? as i64;
+        match field {
+            15 => {
+                r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
+                timestamp = r.varint()? as i64;
+            }
+            1 | 4 | 6 | 14 => {
+                r.expect(wire, WIRE_VARINT, "Histogram integer")?;
+                r.varint()?;
+            }
+            2 | 3 | 5 | 7 => {
+                r.expect(wire, WIRE_I64, "Histogram double")?;
+                r.fixed64()?;
+            }
+            8 | 11 => {
+                r.expect(wire, WIRE_LEN, "Histogram.spans")?;
+                let (s, e) = r.len_delimited()?;
+                check_bucket_span(buf, s, e)?;
+            }
+            // Repeated sint64 deltas: packed varints, or one unpacked varint.
+            9 | 12 if wire == WIRE_LEN => {
+                let (s, e) = r.len_delimited()?;
+                let mut packed = Reader::new(buf, s, e);
+                while !packed.is_done() {
+                    packed.varint()?;
+                }
+            }
+            9 | 12 => {
+                r.expect(wire, WIRE_VARINT, "Histogram deltas")?;
+                r.varint()?;
+            }
+            // Repeated doubles: packed (a multiple of 8 bytes), or one unpacked double.
+            10 | 13 | 16 if wire == WIRE_LEN => {
+                let (s, e) = r.len_delimited()?;
+                if (e - s) % 8 != 0 {
+                    return Err(DecodeError::Truncated);
+                }
+            }
+            10 | 13 | 16 => {
+                r.expect(wire, WIRE_I64, "Histogram counts")?;
+                r.fixed64()?;
+            }
+            _ => r.skip(wire)?,
+        }
+    }
+    Ok(timestamp)
+}
+
+fn check_bucket_span(buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (field, wire) = r.key()?;
+        if field == 1 || field == 2 {
+            r.expect(wire, WIRE_VARINT, "BucketSpan")?;
+            r.varint()?;
         } else {
             r.skip(wire)?;
         }
     }
-    Ok(timestamp)
+    Ok(())
 }
 
 /// `a < b` by bytes; label names of one series nearly always differ in their first byte,
