@@ -32,7 +32,7 @@ promnorm_case() { # case config
 # filled in per run.
 promnorm_queue_case() { # case config
   /usr/bin/python3 "$TOOLS/bench_rw.py" run --case "$1" --sut cmd --sut-port 9201 \
-    --sut-cmd "sed -e 's#SINK_URL#{sink_url}#' -e 's#QUEUE_DIR#{tmp}/queue#' $PWD/$2 >{tmp}/promnorm.yaml && exec $BIN serve --config {tmp}/promnorm.yaml --listen 127.0.0.1:{port}" \
+    --sut-cmd "sh -c 'sed -e s#SINK_URL#{sink_url}# -e s#QUEUE_DIR#{tmp}/queue# $PWD/$2 >{tmp}/promnorm.yaml && exec $BIN serve --config {tmp}/promnorm.yaml --listen 127.0.0.1:{port}'" \
     --sut-ready-url 'http://127.0.0.1:{port}/-/ready' \
     --sut-metrics-url 'http://127.0.0.1:{port}/metrics' \
     --ingest-metric promnorm_samples_received_total \

@@ -25,7 +25,7 @@ use crate::app::{Assemble, BuildError, backend_options, queue_options, server_op
 use crate::config::{BackendConfig, Config, ConfigError, LogFormat, yaml};
 use crate::derive::DeriveSettings;
 use crate::forward::queue::{QueueOptions, QueueState, QueuedSink};
-use crate::forward::{BackendOptions, Forwarder, HttpBackend, Payload, SendFuture, Sink};
+use crate::forward::{BackendOptions, Forwarder, HttpBackend, Outcome, Payload, SendFuture, Sink};
 use crate::server::{AppState, Live, ReloadHook};
 use crate::telemetry;
 
@@ -102,6 +102,20 @@ impl Sink for SharedSink {
     }
     fn queue_state(&self) -> Option<QueueState> {
         self.0.queue_state()
+    }
+    fn reserve(&self, payload: &Payload, incoming: &http::HeaderMap) -> Result<u64, Outcome> {
+        self.0.reserve(payload, incoming)
+    }
+    fn unreserve(&self, reserved: u64) {
+        self.0.unreserve(reserved)
+    }
+    fn send_reserved<'a>(
+        &'a self,
+        payload: Payload,
+        incoming: &'a http::HeaderMap,
+        reserved: u64,
+    ) -> SendFuture<'a> {
+        self.0.send_reserved(payload, incoming, reserved)
     }
 }
 
@@ -389,6 +403,7 @@ impl Reloader {
         // (what it holds stays on disk and the new queue replays it), a memory queue
         // delivers what it holds within shutdown_timeout. Meanwhile the old
         // configuration answers 503 for it, so senders retry.
+        let mut stopped = Vec::new();
         for b in &running.backends {
             if backends.iter().any(|n| Arc::ptr_eq(&n.sink, &b.sink)) {
                 continue;
@@ -400,9 +415,32 @@ impl Reloader {
                     running.cfg.shutdown_timeout
                 };
                 b.sink.stop(within).await;
+                stopped.push(b.sink.clone());
             }
         }
-        state.start_queues().map_err(BuildError::Queue)?;
+        if let Err(e) = state.start_queues() {
+            // Undo: close the queues this attempt opened, reopen the ones it stopped
+            // (a stopped queue starts again, replaying its directory), so the running
+            // configuration keeps every backend it had.
+            for b in &backends {
+                if !running
+                    .backends
+                    .iter()
+                    .any(|o| Arc::ptr_eq(&o.sink, &b.sink))
+                {
+                    b.sink.stop(Duration::ZERO).await;
+                }
+            }
+            for sink in stopped {
+                if let Err(again) = sink.start() {
+                    tracing::error!(
+                        backend = sink.name(),
+                        "reopening the queue after a failed reload: {again}"
+                    );
+                }
+            }
+            return Err(BuildError::Queue(e));
+        }
         let old = self.live.swap(state.clone());
         // The old writer flushes what it holds a last time (to the old backends), then
         // the new one starts: one writer at a time keeps each derived series in order.

@@ -418,7 +418,7 @@ pub fn register_queue(backend: &str, max_bytes: u64) {
     metrics::gauge!(QUEUE_SEND_LAG, "backend" => b()).set(0.0);
     metrics::counter!(QUEUE_RETRIES, "backend" => b()).absolute(0);
     metrics::counter!(QUEUE_CORRUPT, "backend" => b()).absolute(0);
-    for reason in ["full", "disk_full", "io_error"] {
+    for reason in ["full", "disk_full", "io_error", "too_large"] {
         metrics::counter!(QUEUE_REFUSED, "backend" => b(), "reason" => reason).absolute(0);
     }
     for reason in ["backend_rejected", "max_age", "queue_full", "shutdown"] {

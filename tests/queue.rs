@@ -419,3 +419,47 @@ async fn queued_requests_keep_the_senders_pass_through_headers() {
     assert_eq!(h["x-scope-orgid"], "team-7");
     proxy.shut_down().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_full_queue_refuses_the_request_for_every_backend_alike() {
+    let healthy = Backend::start(204, Duration::ZERO).await;
+    let dead = Backend::start(503, Duration::ZERO).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nbackends:\n{}{}",
+        backend_yaml("roomy", &healthy.url, "{type: memory}"),
+        backend_yaml("tight", &dead.url, "{type: memory, max_bytes: 1048576}")
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(5)).await;
+    let mut accepted = 0;
+    let mut refused = 0;
+    for ts in 1..=40 {
+        let r = post(
+            &proxy.url(),
+            request(&format!("a{ts}"), 20, ts, 4000),
+            RW_HEADERS,
+        )
+        .await;
+        match r.status {
+            StatusCode::NO_CONTENT => accepted += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            s => panic!("{s}: {}", r.body),
+        }
+    }
+    assert!(
+        accepted > 0 && refused > 0,
+        "{accepted} accepted, {refused} refused"
+    );
+    // The healthy backend got exactly the accepted requests: a refused one reached no
+    // queue, so the sender's retry will not duplicate it there.
+    let got = healthy
+        .wait_for(accepted * 20, Duration::from_secs(5))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        healthy.samples().len(),
+        accepted * 20,
+        "{} samples",
+        got.len()
+    );
+    proxy.shut_down().await;
+}

@@ -633,18 +633,18 @@ async fn queues_survive_a_reload_and_a_changed_disk_queue_hands_its_data_over() 
     status.store(503, std::sync::atomic::Ordering::SeqCst);
     got.lock().unwrap().clear();
     let dir = s.path("queue");
-    let disk = |shards: u32| {
+    let disk = |fsync: &str| {
         format!(
-            "backends:\n  - url: {url}\n    queue: {{type: disk, dir: {}, shards: {shards}}}\n",
+            "backends:\n  - url: {url}\n    queue: {{type: disk, dir: {}, fsync_interval: {fsync}}}\n",
             dir.display()
         )
     };
-    s.write_config(&disk(1));
+    s.write_config(&disk("1s"));
     assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
     for ts in 11..=15 {
         post_ok(&s.url("/api/v1/write"), one("reload_queued", &[], 1.0, ts)).await;
     }
-    s.write_config(&disk(2));
+    s.write_config(&disk("0s"));
     assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
     status.store(204, std::sync::atomic::Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -922,6 +922,13 @@ impl Config {
                 format!("backend {name}: queue.max_age must be positive (omit it to keep requests until delivered)"),
             ));
         }
+        if q.when_full == WhenFullConfig::DropOldest && q.kind != QueueType::Memory {
+            return Err(self.invalid_at(
+                "when_full",
+                "drop_oldest",
+                format!("backend {name}: when_full: drop_oldest needs type: memory (a disk queue keeps what it answered 204 for)"),
+            ));
+        }
         if q.kind != QueueType::Disk {
             return Ok(());
         }
@@ -994,6 +1001,17 @@ impl Config {
                     self.position("url", &b.url),
                     b.name_or_default(i),
                     redact_url(&b.url)
+                ));
+            }
+            if b.queue.kind != QueueType::None
+                && b.queue.max_bytes < self.limits.max_body_bytes as u64
+            {
+                out.push(format!(
+                    "{}backend {}: queue.max_bytes {} is below limits.max_body_bytes {}: a request larger than the queue is refused with 413",
+                    self.position("max_bytes", &b.queue.max_bytes.to_string()),
+                    b.name_or_default(i),
+                    b.queue.max_bytes,
+                    self.limits.max_body_bytes
                 ));
             }
             if b.queue.kind == QueueType::Disk

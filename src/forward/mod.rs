@@ -163,6 +163,25 @@ pub trait Sink: Send + Sync {
     fn queue_state(&self) -> Option<queue::QueueState> {
         None
     }
+
+    /// Takes room for `payload` before anything is sent (a queue's budget); the amount
+    /// goes to [`Sink::send_reserved`] or back through [`Sink::unreserve`].
+    fn reserve(&self, _payload: &Payload, _incoming: &HeaderMap) -> Result<u64, Outcome> {
+        Ok(0)
+    }
+
+    /// Gives back a reservation that will not be used.
+    fn unreserve(&self, _reserved: u64) {}
+
+    /// [`Sink::send`] after a successful [`Sink::reserve`].
+    fn send_reserved<'a>(
+        &'a self,
+        payload: Payload,
+        incoming: &'a HeaderMap,
+        _reserved: u64,
+    ) -> SendFuture<'a> {
+        self.send(payload, incoming)
+    }
 }
 
 /// How often and how patiently a failed delivery is retried.
@@ -238,7 +257,11 @@ impl Backoff {
             let frac = (self.rng % 1000) as f64 / 1000.0;
             self.next.mul_f64(0.5 + frac / 2.0)
         };
-        let wait = retry_after(outcome).unwrap_or(jittered).min(self.max);
+        // A `Retry-After: 0` must not make a hot loop: at least the first backoff.
+        let wait = retry_after(outcome)
+            .unwrap_or(jittered)
+            .max(self.first)
+            .min(self.max);
         self.next = (self.next * 2).min(self.max);
         wait
     }
@@ -301,8 +324,28 @@ impl Forwarder {
     }
 
     /// Sends to all sinks concurrently; returns each outcome in sink order.
+    /// Sends `body` to every sink at once. Queued sinks first reserve room for it, all of
+    /// them or none: when one queue refuses, no sink gets the request and every outcome
+    /// is that refusal, so the sender's retry never duplicates data in the queues that
+    /// had room.
     pub async fn send_all(&self, body: Payload, incoming: &HeaderMap) -> Vec<Outcome> {
-        let futs = self.sinks.iter().map(|s| s.send(body.clone(), incoming));
+        let mut reserved = Vec::with_capacity(self.sinks.len());
+        for s in &self.sinks {
+            match s.reserve(&body, incoming) {
+                Ok(r) => reserved.push(r),
+                Err(refusal) => {
+                    for (s, r) in self.sinks.iter().zip(reserved) {
+                        s.unreserve(r);
+                    }
+                    return self.sinks.iter().map(|_| refusal.clone()).collect();
+                }
+            }
+        }
+        let futs = self
+            .sinks
+            .iter()
+            .zip(reserved)
+            .map(|(s, r)| s.send_reserved(body.clone(), incoming, r));
         join_all(futs).await
     }
 }

@@ -15,7 +15,7 @@ pub mod store;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -81,7 +81,8 @@ pub struct QueuedSink {
     inner: Arc<dyn Sink>,
     opts: QueueOptions,
     pass: Vec<HeaderName>,
-    running: OnceLock<Arc<Running>>,
+    /// Open between [`Sink::start`] and [`Sink::stop`]; a stopped queue can start again.
+    running: Mutex<Option<Arc<Running>>>,
 }
 
 struct Running {
@@ -102,6 +103,9 @@ struct ShardState {
     store: Box<dyn Store>,
     /// The front record is being sent: `drop_oldest` must not remove it.
     in_flight: bool,
+    /// Stopped: nothing may be pushed any more (checked under the lock, so a request
+    /// racing a stop is refused, never stored where no sender drains it).
+    closed: bool,
 }
 
 impl QueuedSink {
@@ -113,39 +117,69 @@ impl QueuedSink {
             inner,
             opts,
             pass,
-            running: OnceLock::new(),
+            running: Mutex::new(None),
         }
+    }
+
+    fn running(&self) -> Option<Arc<Running>> {
+        lock(&self.running).clone()
     }
 
     fn open_stores(&self) -> Result<Vec<Box<dyn Store>>, StoreError> {
         let shards = self.opts.shards.max(1);
         let mut stores: Vec<Box<dyn Store>> = Vec::with_capacity(shards);
-        for i in 0..shards {
-            match &self.opts.kind {
-                QueueKind::Memory => stores.push(Box::new(MemoryStore::default())),
-                QueueKind::Disk {
-                    dir,
-                    fsync_interval,
-                } => {
-                    let segment =
-                        (self.opts.max_bytes / shards as u64 / 4).min(store::SEGMENT_BYTES);
-                    stores.push(Box::new(DiskStore::open(
-                        &dir.join(format!("shard-{i}")),
-                        segment,
-                        fsync_interval.is_zero(),
-                    )?));
-                }
+        let QueueKind::Disk {
+            dir,
+            fsync_interval,
+        } = &self.opts.kind
+        else {
+            for _ in 0..shards {
+                stores.push(Box::new(MemoryStore::default()));
             }
+            return Ok(stores);
+        };
+        let segment = (self.opts.max_bytes / shards as u64 / 4).min(store::SEGMENT_BYTES);
+        let open = |i: usize| {
+            DiskStore::open(
+                &dir.join(format!("shard-{i}")),
+                segment,
+                fsync_interval.is_zero(),
+            )
+        };
+        // Series are assigned to shards by hash modulo their number: data queued under
+        // another number of shards would be replayed out of order or not at all.
+        std::fs::create_dir_all(dir)?;
+        let layout = dir.join("SHARDS");
+        let before = std::fs::read_to_string(&layout)
+            .ok()
+            .and_then(|t| t.trim().parse::<usize>().ok());
+        if let Some(before) = before
+            && before != shards
+        {
+            let mut held = 0;
+            for i in 0..before {
+                held += open(i)?.len();
+            }
+            if held > 0 {
+                return Err(StoreError::Io(std::io::Error::other(format!(
+                    "{} holds {held} requests queued with shards: {before}; set queue.shards back to {before} until they are delivered, or move the directory away",
+                    dir.display()
+                ))));
+            }
+            for i in shards..before {
+                let _ = std::fs::remove_dir_all(dir.join(format!("shard-{i}")));
+            }
+        }
+        std::fs::write(&layout, format!("{shards}\n"))?;
+        for i in 0..shards {
+            stores.push(Box::new(open(i)?));
         }
         Ok(stores)
     }
 
-    fn enqueue(&self, run: &Running, payload: Payload, incoming: &HeaderMap) -> Outcome {
-        if run.draining.load(Ordering::Relaxed) {
-            return unavailable("promnorm is shutting down");
-        }
-        let headers: Vec<(HeaderName, HeaderValue)> = self
-            .pass
+    /// The sender's headers this backend passes through, as a record keeps them.
+    fn passed(&self, incoming: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+        self.pass
             .iter()
             .flat_map(|n| {
                 incoming
@@ -153,11 +187,44 @@ impl QueuedSink {
                     .iter()
                     .map(move |v| (n.clone(), v.clone()))
             })
-            .collect();
+            .collect()
+    }
+
+    /// Bytes a payload takes in this queue before it is split (the reservation).
+    fn estimate(&self, payload: &Payload, incoming: &HeaderMap) -> u64 {
+        Record {
+            v1: payload.v1.clone(),
+            v2: payload.v2.clone(),
+            v2_series: payload.v2_series as u32,
+            headers: self.passed(incoming),
+            samples: payload.samples,
+            enqueued_ms: 0,
+        }
+        .size()
+    }
+
+    /// Stores `payload` in its shards, all parts or none; `reserved` bytes of the budget
+    /// were taken for it by [`QueuedSink::reserve_bytes`].
+    fn enqueue(
+        &self,
+        run: &Running,
+        payload: Payload,
+        incoming: &HeaderMap,
+        reserved: u64,
+    ) -> Outcome {
+        let release = |b: u64| {
+            run.bytes.fetch_sub(b, Ordering::AcqRel);
+        };
+        if run.draining.load(Ordering::Relaxed) {
+            release(reserved);
+            return unavailable("promnorm is shutting down");
+        }
+        let headers = self.passed(incoming);
         let enqueued_ms = now_ms();
         let parts = match self.split(&payload) {
             Ok(p) => p,
             Err(reason) => {
+                release(reserved);
                 return Outcome::Rejected {
                     status: StatusCode::BAD_REQUEST,
                     retry_after: None,
@@ -179,25 +246,51 @@ impl QueuedSink {
                 (shard, rec)
             })
             .collect();
+        // Split parts compress a little differently: the budget follows what is stored.
         let total: u64 = records.iter().map(|(_, r)| r.size()).sum();
-        if let Err(o) = self.reserve(run, total) {
-            return o;
+        if total > reserved {
+            run.bytes.fetch_add(total - reserved, Ordering::AcqRel);
+        } else {
+            release(reserved - total);
         }
-        let mut pushed = 0;
-        for (i, rec) in &records {
-            let shard = &run.shards[*i];
-            let res = lock(&shard.state).store.push(rec);
-            match res {
-                Ok(()) => {
-                    pushed += rec.size();
-                    run.requests.fetch_add(1, Ordering::Relaxed);
-                    shard.wake.notify_one();
-                }
-                Err(e) => {
-                    run.bytes.fetch_sub(total - pushed, Ordering::Relaxed);
-                    return self.store_failed(run, e);
-                }
+        // Every shard involved is locked (in index order, as nothing else takes two)
+        // while the parts are pushed, so a sender never sees a part that is then taken
+        // back, and a stop in between refuses all parts.
+        let mut guards: Vec<(usize, std::sync::MutexGuard<'_, ShardState>)> = Vec::new();
+        for (i, _) in &records {
+            if guards.last().is_none_or(|(g, _)| *g != *i) {
+                guards.push((*i, lock(&run.shards[*i].state)));
             }
+        }
+        if guards.iter().any(|(_, g)| g.closed) {
+            drop(guards);
+            release(total);
+            return unavailable("the queue is closed (promnorm is stopping or reloading)");
+        }
+        let mut pushed: Vec<usize> = Vec::new();
+        for (i, rec) in &records {
+            let Some((_, g)) = guards.iter_mut().find(|(g, _)| *g == *i) else {
+                continue;
+            };
+            if let Err(e) = g.store.push(rec) {
+                // Take back what this request already pushed: all parts or none.
+                for j in pushed.iter().rev() {
+                    if let Some((_, g)) = guards.iter_mut().find(|(g, _)| *g == *j) {
+                        g.store.pop_back();
+                    }
+                }
+                drop(guards);
+                release(total);
+                return self.store_failed(run, e);
+            }
+            pushed.push(*i);
+        }
+        drop(guards);
+        run.requests
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        run.refusing.store(false, Ordering::Relaxed);
+        for (i, _) in &records {
+            run.shards[*i].wake.notify_one();
         }
         Outcome::Queued
     }
@@ -238,14 +331,26 @@ impl QueuedSink {
     }
 
     /// Takes `bytes` of the budget, making room by dropping the oldest requests when
-    /// so configured; else the sender gets 429.
-    fn reserve(&self, run: &Running, bytes: u64) -> Result<(), Outcome> {
+    /// so configured; else the sender gets the throttle status with `Retry-After`. A
+    /// request larger than the whole budget can never fit: `413`, not retried.
+    fn reserve_bytes(&self, run: &Running, bytes: u64) -> Result<(), Outcome> {
         let max = self.opts.max_bytes;
+        if bytes > max {
+            telemetry::queue_refused(&self.name, "too_large");
+            return Err(Outcome::Rejected {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                retry_after: None,
+                reason: format!(
+                    "a request of {bytes} bytes can never fit the queue of backend {} (queue.max_bytes {max})",
+                    self.name
+                ),
+            });
+        }
         let prev = run.bytes.fetch_add(bytes, Ordering::AcqRel);
         if prev + bytes <= max {
             return Ok(());
         }
-        if self.opts.when_full == WhenFull::DropOldest && bytes <= max {
+        if self.opts.when_full == WhenFull::DropOldest {
             let mut over = prev + bytes - max;
             while over > 0 {
                 let Some(removed) = self.drop_oldest(run) else {
@@ -351,9 +456,42 @@ impl Sink for QueuedSink {
     }
 
     fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
-        let outcome = match self.running.get() {
-            Some(run) => self.enqueue(run, payload, incoming),
-            None => unavailable("the queue is not open yet"),
+        let outcome = match self.running() {
+            Some(run) => {
+                let bytes = self.estimate(&payload, incoming);
+                match self.reserve_bytes(&run, bytes) {
+                    Ok(()) => self.enqueue(&run, payload, incoming, bytes),
+                    Err(o) => o,
+                }
+            }
+            None => unavailable("the queue is not open"),
+        };
+        Box::pin(std::future::ready(outcome))
+    }
+
+    fn reserve(&self, payload: &Payload, incoming: &HeaderMap) -> Result<u64, Outcome> {
+        let Some(run) = self.running() else {
+            return Err(unavailable("the queue is not open"));
+        };
+        let bytes = self.estimate(payload, incoming);
+        self.reserve_bytes(&run, bytes).map(|()| bytes)
+    }
+
+    fn unreserve(&self, bytes: u64) {
+        if let Some(run) = self.running() {
+            run.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    fn send_reserved<'a>(
+        &'a self,
+        payload: Payload,
+        incoming: &'a HeaderMap,
+        reserved: u64,
+    ) -> SendFuture<'a> {
+        let outcome = match self.running() {
+            Some(run) => self.enqueue(&run, payload, incoming, reserved),
+            None => unavailable("the queue is not open"),
         };
         Box::pin(std::future::ready(outcome))
     }
@@ -369,7 +507,8 @@ impl Sink for QueuedSink {
     }
 
     fn start(&self) -> Result<(), String> {
-        if self.running.get().is_some() {
+        let mut slot = lock(&self.running);
+        if slot.is_some() {
             return Ok(());
         }
         let stores = self
@@ -391,6 +530,7 @@ impl Sink for QueuedSink {
                     state: Mutex::new(ShardState {
                         store,
                         in_flight: false,
+                        closed: false,
                     }),
                     wake: Notify::new(),
                 })
@@ -418,7 +558,7 @@ impl Sink for QueuedSink {
             tasks.push(tokio::spawn(sync_periodically(run.clone(), every)));
         }
         *lock(&run.tasks) = tasks;
-        let _ = self.running.set(run);
+        *slot = Some(run);
         Ok(())
     }
 
@@ -427,7 +567,7 @@ impl Sink for QueuedSink {
         within: Duration,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            let Some(run) = self.running.get() else {
+            let Some(run) = self.running() else {
                 return;
             };
             run.draining.store(true, Ordering::Relaxed);
@@ -443,6 +583,7 @@ impl Sink for QueuedSink {
             let mut samples = 0;
             for s in &run.shards {
                 let mut st = lock(&s.state);
+                st.closed = true;
                 if let Err(e) = st.store.sync() {
                     tracing::warn!(backend = %self.name, error = %e, "syncing the disk queue");
                 }
@@ -455,6 +596,7 @@ impl Sink for QueuedSink {
                 // last reference to this sink goes: a successor may open the directory.
                 st.store = Box::new(MemoryStore::default());
             }
+            *lock(&self.running) = None;
             if left > 0 {
                 match self.opts.kind {
                     QueueKind::Memory => {
@@ -470,7 +612,7 @@ impl Sink for QueuedSink {
     }
 
     fn queue_state(&self) -> Option<QueueState> {
-        let run = self.running.get()?;
+        let run = self.running()?;
         let now = now_ms();
         let oldest = run
             .shards
@@ -503,7 +645,18 @@ async fn drain_shard(
     loop {
         let front = {
             let mut st = lock(&shard.state);
+            let (len, bytes) = (st.store.len(), st.store.bytes());
             let f = st.store.front();
+            // Records found corrupt on the way were removed: the budget and the request
+            // count follow.
+            let (gone, freed) = (
+                len.saturating_sub(st.store.len()),
+                bytes.saturating_sub(st.store.bytes()),
+            );
+            if gone > 0 {
+                run.requests.fetch_sub(gone as u64, Ordering::Relaxed);
+                run.bytes.fetch_sub(freed, Ordering::AcqRel);
+            }
             let corrupt = st.store.take_corrupt();
             if corrupt > 0 {
                 telemetry::queue_corrupt(&name, corrupt);
@@ -579,5 +732,100 @@ async fn sync_periodically(run: Arc<Running>, every: Duration) {
                 tracing::warn!(error = %e, "fsync of the disk queue");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forward::Payload;
+
+    /// A backend that answers 503 to everything.
+    struct Down;
+
+    impl Sink for Down {
+        fn name(&self) -> &str {
+            "down"
+        }
+        fn send<'a>(&'a self, _: Payload, _: &'a HeaderMap) -> SendFuture<'a> {
+            Box::pin(std::future::ready(unavailable("down")))
+        }
+    }
+
+    fn opts(dir: &std::path::Path, shards: usize) -> QueueOptions {
+        QueueOptions {
+            kind: QueueKind::Disk {
+                dir: dir.to_path_buf(),
+                fsync_interval: Duration::ZERO,
+            },
+            max_bytes: 1 << 20,
+            max_age: None,
+            shards,
+            when_full: WhenFull::Reject,
+            full_status: StatusCode::TOO_MANY_REQUESTS,
+            first_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        }
+    }
+
+    fn body() -> Payload {
+        let req = crate::wire::proto::prometheus::WriteRequest {
+            timeseries: vec![crate::wire::proto::prometheus::TimeSeries {
+                labels: vec![crate::wire::proto::prometheus::Label {
+                    name: "__name__".into(),
+                    value: "m".into(),
+                }],
+                samples: vec![crate::wire::proto::prometheus::Sample {
+                    value: 1.0,
+                    timestamp: 1,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let raw = prost::Message::encode_to_vec(&req);
+        let c = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+        Payload::v1(Bytes::from(c)).with_samples(1)
+    }
+
+    #[tokio::test]
+    async fn a_disk_queue_refuses_another_shard_count_while_it_holds_data_and_reopens_after_stop() {
+        let dir = std::env::temp_dir().join(format!("promnorm-q-layout-{}", now_ms()));
+        let q = QueuedSink::new(Arc::new(Down), opts(&dir, 1));
+        q.start().unwrap();
+        assert!(matches!(
+            q.send(body(), &HeaderMap::new()).await,
+            Outcome::Queued
+        ));
+        q.stop(Duration::ZERO).await;
+        // Stopped: refused, never stored where nothing drains it.
+        assert!(!matches!(
+            q.send(body(), &HeaderMap::new()).await,
+            Outcome::Queued
+        ));
+        let other = QueuedSink::new(Arc::new(Down), opts(&dir, 2));
+        let err = other.start().unwrap_err();
+        assert!(err.contains("queued with shards: 1"), "{err}");
+        // The same sink starts again (a reload undone) and finds its request.
+        q.start().unwrap();
+        assert_eq!(q.queue_state().unwrap().requests, 1);
+        q.stop(Duration::ZERO).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_request_larger_than_the_whole_queue_is_413_not_retried_forever() {
+        let dir = std::env::temp_dir().join(format!("promnorm-q-413-{}", now_ms()));
+        let mut o = opts(&dir, 1);
+        o.kind = QueueKind::Memory;
+        let q = QueuedSink::new(Arc::new(Down), o);
+        q.start().unwrap();
+        let big = Payload::v1(Bytes::from(vec![0u8; 2 << 20]));
+        match q.send(big, &HeaderMap::new()).await {
+            Outcome::Rejected { status, .. } => assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE),
+            o => panic!("{o:?}"),
+        }
+        assert!(!q.queue_state().unwrap().refusing);
+        q.stop(Duration::ZERO).await;
     }
 }

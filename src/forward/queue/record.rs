@@ -1,8 +1,9 @@
 //! One queued request: its bodies (1.0, and 2.0 when the backend takes 2.0), the sender's
 //! headers this backend passes through, and what it holds (for drop counts and age). On
 //! disk a record is framed as `[u32 payload length][u32 CRC-32 of the payload][payload]`,
-//! little endian; the payload is `[u64 queued ms][u64 samples][u8 flags][u32 2.0 series]
-//! [u16 headers]{[u16 len][name][u16 len][value]}[u32 1.0 length][1.0 body][2.0 body]`.
+//! little endian; the payload is `[u8 format version][u64 queued ms][u64 samples][u8 flags]
+//! [u32 2.0 series][u32 headers]{[u32 len][name][u32 len][value]}[u32 1.0 length][1.0 body]
+//! [2.0 body]`.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -26,8 +27,10 @@ pub struct Record {
 
 /// Frame header: payload length and checksum.
 pub const FRAME_HEADER: usize = 8;
-/// Queueing time, samples, flags, 2.0 series, header count.
-const HEADER_FIXED: usize = 8 + 8 + 1 + 4 + 2;
+/// Version, queueing time, samples, flags, 2.0 series, header count.
+const HEADER_FIXED: usize = 1 + 8 + 8 + 1 + 4 + 4;
+/// The record layout written now; a record of another version is reported, not guessed at.
+pub const FORMAT_VERSION: u8 = 1;
 /// Flag: a 2.0 body follows the 1.0 body.
 const HAS_V2: u8 = 1;
 /// A payload longer than this is corruption, not data (bodies are limited far below).
@@ -66,7 +69,7 @@ impl Record {
         let headers: usize = self
             .headers
             .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .map(|(k, v)| k.as_str().len() + v.len() + 8)
             .sum();
         let bodies = 4 + self.v1.len() + self.v2.as_ref().map_or(0, |b| b.len());
         (FRAME_HEADER + HEADER_FIXED + headers + bodies) as u64
@@ -76,14 +79,15 @@ impl Record {
     pub fn write_framed(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0; FRAME_HEADER]);
+        out.push(FORMAT_VERSION);
         out.extend_from_slice(&self.enqueued_ms.to_le_bytes());
         out.extend_from_slice(&self.samples.to_le_bytes());
         out.push(if self.v2.is_some() { HAS_V2 } else { 0 });
         out.extend_from_slice(&self.v2_series.to_le_bytes());
-        out.extend_from_slice(&(self.headers.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(self.headers.len() as u32).to_le_bytes());
         for (k, v) in &self.headers {
             for part in [k.as_str().as_bytes(), v.as_bytes()] {
-                out.extend_from_slice(&(part.len() as u16).to_le_bytes());
+                out.extend_from_slice(&(part.len() as u32).to_le_bytes());
                 out.extend_from_slice(part);
             }
         }
@@ -118,6 +122,9 @@ impl Record {
             return Err(RecordError::Checksum);
         }
         let mut r = Cursor { buf: payload };
+        if r.array::<1>()?[0] != FORMAT_VERSION {
+            return Err(RecordError::Malformed("format version"));
+        }
         let enqueued_ms = u64::from_le_bytes(r.array()?);
         let samples = u64::from_le_bytes(r.array()?);
         let flags = r.array::<1>()?[0];
@@ -125,7 +132,7 @@ impl Record {
             return Err(RecordError::Malformed("flags"));
         }
         let v2_series = u32::from_le_bytes(r.array()?);
-        let n = u16::from_le_bytes(r.array()?) as usize;
+        let n = u32::from_le_bytes(r.array()?) as usize;
         let mut headers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             let k = r.part()?;
@@ -168,7 +175,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn part(&mut self) -> Result<&'a [u8], RecordError> {
-        let n = u16::from_le_bytes(self.array()?) as usize;
+        let n = u32::from_le_bytes(self.array()?) as usize;
         if self.buf.len() < n {
             return Err(RecordError::Truncated);
         }

@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,6 +41,8 @@ pub trait Store: Send {
     /// ([`Store::take_corrupt`]).
     fn front(&mut self) -> Result<Option<Record>, StoreError>;
     fn pop_front(&mut self) -> Option<Removed>;
+    /// Takes back the record just pushed (a request whose other parts failed).
+    fn pop_back(&mut self) -> Option<Removed>;
     /// Removes the record at `index` (0 = front) to make room (`when_full: drop_oldest`).
     fn remove(&mut self, index: usize) -> Option<Removed>;
     fn len(&self) -> usize;
@@ -73,6 +74,10 @@ impl Store for MemoryStore {
     }
     fn pop_front(&mut self) -> Option<Removed> {
         self.remove(0)
+    }
+    fn pop_back(&mut self) -> Option<Removed> {
+        let last = self.records.len().checked_sub(1)?;
+        self.remove(last)
     }
     fn remove(&mut self, index: usize) -> Option<Removed> {
         let r = self.records.remove(index)?;
@@ -188,7 +193,7 @@ impl DiskStore {
             } else {
                 0
             };
-            store.replay_segment(s, from, Some(s) == last)?;
+            store.replay_segment(s, from)?;
         }
         // New records go to a new segment: a replayed one is never appended to.
         store.write_segment = last.map_or(cursor_segment.max(1), |l| l + 1);
@@ -200,19 +205,19 @@ impl DiskStore {
         Ok(store)
     }
 
-    fn replay_segment(&mut self, segment: u64, from: u64, last: bool) -> Result<(), StoreError> {
+    fn replay_segment(&mut self, segment: u64, from: u64) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, segment);
         let data = std::fs::read(&path)?;
         let mut off = (from as usize).min(data.len());
         while off < data.len() {
             let header = Record::read_frame_header(&data[off..]);
             let Ok((len, crc)) = header else {
-                self.torn_tail(&path, off, last);
+                self.torn_tail();
                 break;
             };
             let end = off + FRAME_HEADER + len;
             if end > data.len() {
-                self.torn_tail(&path, off, last);
+                self.torn_tail();
                 break;
             }
             match Record::from_payload(&data[off + FRAME_HEADER..end], crc) {
@@ -234,12 +239,12 @@ impl DiskStore {
         Ok(())
     }
 
-    /// Bytes that cannot be a whole record: counted, and cut off the last segment.
-    fn torn_tail(&mut self, path: &Path, off: usize, last: bool) {
+    /// Bytes that cannot be a whole record (a crash mid-write, or a damaged length):
+    /// counted, and the rest of the segment skipped. Nothing is cut off the file: new
+    /// records go to a new segment, and the damaged one is deleted with its neighbours
+    /// once the records before and after it are acknowledged.
+    fn torn_tail(&mut self) {
         self.corrupt += 1;
-        if last && let Ok(f) = File::options().write(true).open(path) {
-            let _ = f.set_len(off as u64);
-        }
     }
 
     fn write_cursor(&self) -> Result<(), StoreError> {
@@ -307,8 +312,9 @@ impl Store for DiskStore {
             self.write_segment = next;
             self.write_offset = 0;
         }
-        if let Err(e) = self.writer.write_all(&self.frame) {
-            // Cut a partial record off, so the next append starts on a frame boundary.
+        // Written at the offset the index records (not O_APPEND): a failed write leaves
+        // the next one at the same place whatever the file's length.
+        if let Err(e) = self.writer.write_all_at(&self.frame, self.write_offset) {
             let _ = self.writer.set_len(self.write_offset);
             return Err(e.into());
         }
@@ -349,6 +355,21 @@ impl Store for DiskStore {
 
     fn pop_front(&mut self) -> Option<Removed> {
         self.remove(0)
+    }
+
+    fn pop_back(&mut self) -> Option<Removed> {
+        let e = *self.entries.back()?;
+        if e.segment != self.write_segment || e.offset + e.len != self.write_offset {
+            return self.remove(self.entries.len() - 1);
+        }
+        self.entries.pop_back();
+        self.bytes -= e.len;
+        self.write_offset = e.offset;
+        let _ = self.writer.set_len(e.offset);
+        Some(Removed {
+            bytes: e.len,
+            samples: e.samples,
+        })
     }
 
     fn remove(&mut self, index: usize) -> Option<Removed> {
@@ -393,7 +414,8 @@ fn segment_path(dir: &Path, segment: u64) -> PathBuf {
 fn create_segment(dir: &Path, segment: u64) -> Result<File, StoreError> {
     let f = File::options()
         .create(true)
-        .append(true)
+        .truncate(false)
+        .write(true)
         .open(segment_path(dir, segment))?;
     // The new name must survive a crash too.
     if let Ok(d) = File::open(dir) {
@@ -513,7 +535,7 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_record_is_skipped_and_counted_and_a_torn_tail_cut() {
+    fn a_corrupt_record_is_skipped_and_counted_and_a_torn_tail_skipped() {
         let dir = tmp("corrupt");
         {
             let mut s = DiskStore::open(&dir, 1 << 20, true).unwrap();
@@ -537,7 +559,8 @@ mod tests {
         }
         assert_eq!(seen, vec![0, 2, 3]);
         assert_eq!(s.take_corrupt(), 2, "one bad checksum, one torn tail");
-        // The torn tail was cut: a second reopen finds nothing new to complain about.
+        // Everything readable was acknowledged: the damaged segment is gone, and a second
+        // reopen finds nothing to complain about.
         drop(s);
         let mut s = DiskStore::open(&dir, 1 << 20, true).unwrap();
         assert_eq!(s.take_corrupt(), 0);
