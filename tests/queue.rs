@@ -221,12 +221,8 @@ async fn sharded_queues_keep_every_series_in_order() {
     assert_eq!(got.len(), 2000);
     assert_in_order_exactly_once(&got);
     // Four shards really sent concurrently: not every request held every series.
-    let per_request: Vec<usize> = b.headers.lock().unwrap().iter().map(|_| 1).collect();
-    assert!(
-        per_request.len() > 40,
-        "{} requests for 40 sent",
-        per_request.len()
-    );
+    let requests = b.headers.lock().unwrap().len();
+    assert!(requests > 40, "{requests} requests for 40 sent");
     proxy.shut_down().await;
 }
 

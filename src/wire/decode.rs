@@ -280,39 +280,68 @@ impl DecodedRequest {
         let (name, canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
 
         if has_exemplars {
-            let mut r = Reader::new(buf, start, end);
-            while !r.is_done() {
-                let (field, wire) = r.key()?;
-                if field == 3 {
-                    let (s, e) = r.len_delimited()?;
-                    let ex = self.decode_exemplar(buf, s, e)?;
-                    self.exemplars.push(ex);
-                } else {
-                    r.skip(wire)?;
-                }
-            }
+            self.decode_exemplars(buf, start, end, 3, Self::decode_exemplar)?;
         }
-
-        self.series.push(SeriesView {
-            raw: Span::new(start, end),
+        self.push_series(
+            Span::new(start, end),
             labels,
-            samples: Range32 {
-                start: samples_start,
-                end: self.samples.len() as u32,
-            },
-            exemplars: Range32 {
-                start: exemplars_start,
-                end: self.exemplars.len() as u32,
-            },
-            histograms: Range32 {
-                start: hist_start,
-                end: self.histograms.len() as u32,
-            },
+            (samples_start, exemplars_start, hist_start),
             name,
             canonical,
-            metric_type: 0,
-        });
+            0,
+        );
         Ok(())
+    }
+
+    /// The exemplars of a series (field `field` of its message), decoded after its own
+    /// labels: exemplar labels go into `labels` too, behind the series'.
+    pub(super) fn decode_exemplars(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        field: u32,
+        decode: fn(&mut Self, &[u8], usize, usize) -> Result<ExemplarView, DecodeError>,
+    ) -> Result<(), DecodeError> {
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let (f, wire) = r.key()?;
+            if f == field {
+                let (s, e) = r.len_delimited()?;
+                let ex = decode(self, buf, s, e)?;
+                self.exemplars.push(ex);
+            } else {
+                r.skip(wire)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a decoded series whose samples, exemplars and histograms are the entries
+    /// from the given starts (`(samples, exemplars, histograms)`) to the vectors' ends.
+    pub(super) fn push_series(
+        &mut self,
+        raw: Span,
+        labels: Range32,
+        (samples, exemplars, histograms): (u32, u32, u32),
+        name: Span,
+        canonical: bool,
+        metric_type: u8,
+    ) {
+        let to_end = |start: u32, len: usize| Range32 {
+            start,
+            end: len as u32,
+        };
+        self.series.push(SeriesView {
+            raw,
+            labels,
+            samples: to_end(samples, self.samples.len()),
+            exemplars: to_end(exemplars, self.exemplars.len()),
+            histograms: to_end(histograms, self.histograms.len()),
+            name,
+            canonical,
+            metric_type,
+        });
     }
 
     fn decode_exemplar(

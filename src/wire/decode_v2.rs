@@ -15,7 +15,7 @@ use std::hash::{BuildHasher, Hasher};
 use super::DecodeError;
 use super::decode::{
     DecodeLimits, DecodedRequest, ExemplarView, HistogramView, LabelSpan, MetadataView, Range32,
-    SampleView, SeriesView, Span, check_labels, utf8,
+    SampleView, Span, check_labels, utf8,
 };
 use super::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT};
 
@@ -240,37 +240,19 @@ impl DecodedRequest {
             }
         }
         if has_exemplars {
-            let mut r = Reader::new(buf, start, end);
-            while !r.is_done() {
-                let (field, wire) = r.key()?;
-                if field == 4 {
-                    let (s, e) = r.len_delimited()?;
-                    let ex = self.decode_exemplar_v2(buf, s, e)?;
-                    self.exemplars.push(ex);
-                } else {
-                    r.skip(wire)?;
-                }
-            }
+            self.decode_exemplars(buf, start, end, 4, Self::decode_exemplar_v2)?;
         }
         if md.present {
             self.add_series_metadata(buf, name, &md);
         }
-        self.series.push(SeriesView {
-            raw: Span::new(start, end),
+        self.push_series(
+            Span::new(start, end),
             labels,
-            samples,
-            exemplars: Range32 {
-                start: exemplars_start,
-                end: self.exemplars.len() as u32,
-            },
-            histograms: Range32 {
-                start: hist_start,
-                end: self.histograms.len() as u32,
-            },
+            (samples_start, exemplars_start, hist_start),
             name,
-            canonical: false,
-            metric_type: md.metric_type,
-        });
+            false,
+            md.metric_type,
+        );
         Ok(())
     }
 

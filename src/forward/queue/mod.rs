@@ -192,15 +192,11 @@ impl QueuedSink {
 
     /// Bytes a payload takes in this queue before it is split (the reservation).
     fn estimate(&self, payload: &Payload, incoming: &HeaderMap) -> u64 {
-        Record {
-            v1: payload.v1.clone(),
-            v2: payload.v2.clone(),
-            v2_series: payload.v2_series as u32,
-            headers: self.passed(incoming),
-            samples: payload.samples,
-            enqueued_ms: 0,
-        }
-        .size()
+        record::framed_size(
+            payload.v1.len(),
+            payload.v2.as_ref().map_or(0, |b| b.len()),
+            &self.passed(incoming),
+        )
     }
 
     /// Stores `payload` in its shards, all parts or none; `reserved` bytes of the budget

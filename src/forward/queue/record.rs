@@ -66,13 +66,11 @@ impl Record {
 
     /// Bytes the record holds in a queue (body plus headers), for the queue's budget.
     pub fn size(&self) -> u64 {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 8)
-            .sum();
-        let bodies = 4 + self.v1.len() + self.v2.as_ref().map_or(0, |b| b.len());
-        (FRAME_HEADER + HEADER_FIXED + headers + bodies) as u64
+        framed_size(
+            self.v1.len(),
+            self.v2.as_ref().map_or(0, |b| b.len()),
+            &self.headers,
+        )
     }
 
     /// Appends the framed record to `out`.
@@ -158,6 +156,15 @@ impl Record {
             enqueued_ms,
         })
     }
+}
+
+/// Bytes a record of these bodies and headers takes framed (its share of a queue's budget).
+pub fn framed_size(v1: usize, v2: usize, headers: &[(HeaderName, HeaderValue)]) -> u64 {
+    let headers: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 8)
+        .sum();
+    (FRAME_HEADER + HEADER_FIXED + headers + 4 + v1 + v2) as u64
 }
 
 struct Cursor<'a> {
