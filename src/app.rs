@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use crate::config::{
     BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config, ConfigError,
-    QueueConfig, QueueType, WhenFullConfig, yaml,
+    QueueConfig, QueueType, TenancyConfig, WhenFullConfig, yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
-    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend, Sink, TlsOptions,
+    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend, Sink,
+    TenancyOptions, TlsOptions,
 };
 use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
 
@@ -249,7 +250,11 @@ pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
 }
 
 /// The backend options `forward` needs, resolved from configuration (secrets read).
-pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptions, BuildError> {
+pub fn backend_options(
+    cfg: &BackendConfig,
+    index: usize,
+    global_tenancy: Option<&TenancyConfig>,
+) -> Result<BackendOptions, BuildError> {
     let name = cfg.name_or_default(index);
     let url = crate::config::parse_backend_url(&cfg.url).map_err(|source| ConfigError::Url {
         at: String::new(),
@@ -276,6 +281,10 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
         .map(|t| t.read().map(|t| t.trim().to_string()))
         .transpose()
         .map_err(secret_error)?;
+    let tenancy = cfg
+        .effective_tenancy(global_tenancy)
+        .map(|t| tenancy_options(t, &name))
+        .transpose()?;
     Ok(BackendOptions {
         name,
         url: url.uri,
@@ -297,6 +306,24 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
             BackendProtocolConfig::V2 => BackendProtocol::V2,
             BackendProtocolConfig::Auto => BackendProtocol::Auto,
         },
+        tenancy,
+    })
+}
+
+/// A tenancy block as `forward` takes it (check-config validated it).
+fn tenancy_options(t: &TenancyConfig, backend: &str) -> Result<TenancyOptions, BuildError> {
+    let header = http::HeaderName::from_bytes(t.header.as_bytes()).map_err(|_| {
+        BuildError::Backend(BackendError::Header {
+            backend: backend.to_string(),
+            what: format!("bad tenancy.header {:?}", t.header),
+        })
+    })?;
+    Ok(TenancyOptions {
+        label: t.label.clone(),
+        header,
+        default: t.default.clone(),
+        keep_label: t.keep_label,
+        max_tenants_per_request: t.max_tenants_per_request,
     })
 }
 
@@ -304,7 +331,7 @@ pub fn backend_options(cfg: &BackendConfig, index: usize) -> Result<BackendOptio
 pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
-        let http = HttpBackend::new(backend_options(b, i)?)?;
+        let http = HttpBackend::new(backend_options(b, i, cfg.tenancy.as_ref())?)?;
         match queue_options(&b.queue, cfg.server.throttle_status) {
             None => sinks.push(Box::new(http)),
             Some(q) => sinks.push(Box::new(QueuedSink::new(Arc::new(http), q))),
@@ -362,6 +389,7 @@ pub fn app_state_with(
 
 /// The server's own settings of a configuration (the ingest token read).
 pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
+    crate::telemetry::set_tenant_limit(cfg.limits.max_tenants_in_metrics);
     let ingest_token = cfg
         .ingest_auth
         .as_ref()

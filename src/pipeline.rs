@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
 use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapper, Rules};
+use crate::wire::bodies::BodyEncoder;
 use crate::wire::encode_v2::{MetadataMemory, StripScratch, V2Encoder, strip_v2};
+use crate::wire::split::TenantSplit;
 use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +47,22 @@ pub struct Workspace {
     v2_raw: Vec<u8>,
     compressed_v2: Vec<u8>,
     compressed_v2_len: usize,
+    /// Skip the 1.0 body: every backend routes by tenant and encodes its own.
+    pub skip_v1_body: bool,
+    tenant_split: TenantSplit,
+    bodies: BodyEncoder,
+}
+
+/// What routing the last request's output needs from a workspace (see
+/// `forward::Routing::route`).
+pub struct RouteInput<'a> {
+    /// The mapped request, uncompressed.
+    pub mapped: &'a [u8],
+    pub has_start_timestamps: bool,
+    /// Its compressed 1.0 body, unless [`Workspace::skip_v1_body`].
+    pub v1: Option<&'a [u8]>,
+    pub split: &'a mut TenantSplit,
+    pub bodies: &'a mut BodyEncoder,
 }
 
 /// A pooled workspace whose largest buffer holds more than this is freed rather than
@@ -62,6 +80,19 @@ impl Workspace {
             .max(self.compressed.capacity())
             .max(self.v2_raw.capacity())
             .max(self.plain.capacity())
+            .max(self.tenant_split.retained_bytes())
+            .max(self.bodies.retained_bytes())
+    }
+
+    /// The last request's output and the buffers to route it with.
+    pub fn route_input(&mut self) -> RouteInput<'_> {
+        RouteInput {
+            mapped: &self.encoded,
+            has_start_timestamps: self.decoded.has_start_timestamps,
+            v1: (!self.skip_v1_body).then_some(&self.compressed[..self.compressed_len]),
+            split: &mut self.tenant_split,
+            bodies: &mut self.bodies,
+        }
     }
 
     /// The snappy-compressed output of the last [`Pipeline::process`].
@@ -77,6 +108,17 @@ impl Workspace {
     /// The uncompressed 2.0 output of the last [`Pipeline::encode_v2`].
     pub fn encoded_v2(&self) -> &[u8] {
         &self.v2_raw
+    }
+
+    /// The mapped output of the last request, uncompressed (it may carry 2.0's start
+    /// timestamps: see [`Workspace::has_start_timestamps`]).
+    pub fn mapped(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// True when the mapped output carries start timestamps, which 1.0 bodies drop.
+    pub fn has_start_timestamps(&self) -> bool {
+        self.decoded.has_start_timestamps
     }
 
     /// The decompressed input of the last request.
@@ -241,15 +283,19 @@ impl Pipeline {
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }
-        let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
-        // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field for them.
-        let v1: &[u8] = if ws.decoded.has_start_timestamps {
-            strip_v2(&ws.encoded, &mut ws.plain, &mut ws.strip)?;
-            &ws.plain
-        } else {
-            &ws.encoded
-        };
-        ws.compressed_len = snappy::compress_into(encoder, v1, &mut ws.compressed);
+        ws.compressed_len = 0;
+        if !ws.skip_v1_body {
+            let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
+            // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field
+            // for them.
+            let v1: &[u8] = if ws.decoded.has_start_timestamps {
+                strip_v2(&ws.encoded, &mut ws.plain, &mut ws.strip)?;
+                &ws.plain
+            } else {
+                &ws.encoded
+            };
+            ws.compressed_len = snappy::compress_into(encoder, v1, &mut ws.compressed);
+        }
         ws.compressed_v2_len = 0;
         Ok(Processed {
             series_in: ws.decoded.series.len(),
@@ -266,23 +312,17 @@ impl Pipeline {
     /// the metadata of their family from the request or, failing that, from earlier
     /// requests.
     pub fn encode_v2(&self, ws: &mut Workspace) -> Result<usize, DecodeError> {
-        let written = {
-            let memory = self.metadata_memory.read().ok();
-            let written = ws
-                .v2
-                .encode(&ws.encoded, memory.as_deref(), &mut ws.v2_raw)?;
-            let news = memory
-                .as_deref()
-                .is_some_and(|m| ws.v2.metadata_news(&ws.encoded, m));
-            drop(memory);
-            if news && let Ok(mut m) = self.metadata_memory.write() {
-                ws.v2.remember_metadata(&ws.encoded, &mut m);
-            }
-            written
-        };
+        let written =
+            ws.v2
+                .encode_remembering(&ws.encoded, &self.metadata_memory, &mut ws.v2_raw)?;
         let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
         ws.compressed_v2_len = snappy::compress_into(encoder, &ws.v2_raw, &mut ws.compressed_v2);
         Ok(written.series)
+    }
+
+    /// Families' metadata remembered for 2.0 output (tenant routing encodes with it too).
+    pub fn metadata_memory(&self) -> &RwLock<MetadataMemory> {
+        &self.metadata_memory
     }
 
     /// Families whose metadata is remembered for 2.0 output.

@@ -139,7 +139,7 @@ pub struct Reloader {
 fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildError> {
     let mut out = Vec::with_capacity(cfg.backends.len());
     for (i, b) in cfg.backends.iter().enumerate() {
-        let options = backend_options(b, i)?;
+        let options = backend_options(b, i, cfg.tenancy.as_ref())?;
         let ca = match &options.tls.ca_file {
             None => None,
             Some(f) => Some(std::fs::read(f).map_err(|e| ConfigError::Io {

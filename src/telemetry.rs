@@ -324,6 +324,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "Version, revision and rustc of this binary (value 1).",
     ),
+    (
+        TENANT_SAMPLES,
+        Kind::Counter,
+        "Samples of the sender's requests routed to a tenant, by backend, tenant (beyond limits.max_tenants_in_metrics: other) and outcome (delivered, queued, rejected, failed).",
+    ),
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
@@ -360,6 +365,7 @@ pub const QUEUE_SEND_LAG: &str = "promnorm_queue_send_lag_seconds";
 pub const QUEUE_RETRIES: &str = "promnorm_queue_retries_total";
 pub const QUEUE_REFUSED: &str = "promnorm_queue_refused_requests_total";
 pub const QUEUE_CORRUPT: &str = "promnorm_queue_corrupt_records_total";
+pub const TENANT_SAMPLES: &str = "promnorm_tenant_samples_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -399,6 +405,45 @@ pub fn samples_forwarded(backend: &str, n: u64) {
 
 pub fn samples_dropped(reason: &'static str, n: u64) {
     metrics::counter!(SAMPLES_DROPPED, "reason" => reason).increment(n);
+}
+
+/// Tenants with a label value of their own in [`TENANT_SAMPLES`]; the others share
+/// `other`, so a sender inventing tenants cannot grow promnorm's `/metrics` without bound.
+static TENANTS: std::sync::Mutex<(usize, Vec<String>)> = std::sync::Mutex::new((100, Vec::new()));
+
+/// How many tenants get a label value of their own (`limits.max_tenants_in_metrics`).
+pub fn set_tenant_limit(n: usize) {
+    if let Ok(mut t) = TENANTS.lock() {
+        t.0 = n;
+    }
+}
+
+/// The label value of `tenant` in per-tenant metrics: its name for the first
+/// `limits.max_tenants_in_metrics` tenants seen, `other` after.
+pub fn tenant_label(tenant: &str) -> String {
+    let Ok(mut t) = TENANTS.lock() else {
+        return "other".into();
+    };
+    if t.1.iter().any(|k| k == tenant) {
+        return tenant.to_string();
+    }
+    if t.1.len() < t.0 {
+        t.1.push(tenant.to_string());
+        return tenant.to_string();
+    }
+    "other".into()
+}
+
+/// What one backend did with one tenant's share of a request (`outcome`: `delivered`,
+/// `queued`, `rejected` (a data error), `failed` (the sender is asked to retry)).
+pub fn tenant_samples(backend: &str, tenant: &str, outcome: &'static str, n: u64) {
+    metrics::counter!(
+        TENANT_SAMPLES,
+        "backend" => backend.to_string(),
+        "tenant" => tenant_label(tenant),
+        "outcome" => outcome
+    )
+    .increment(n);
 }
 
 /// Samples a backend's queue dropped (`backend_rejected`, `max_age`, `queue_full`,

@@ -127,6 +127,26 @@ fn check_config_refuses_what_serve_refuses_with_positions() {
             "backends:\n  - url: http://x/api/v1/write\n    pass_headers: [Content-Length]\n",
             "pass-length.yaml:3:20: backend default: pass_headers may not list \"Content-Length\"",
         ),
+        (
+            "tenant-label.yaml",
+            "tenancy:\n  label: 9lives\n",
+            "tenant-label.yaml:2:10: tenancy.label \"9lives\" is not a label name",
+        ),
+        (
+            "tenant-header.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    tenancy: {header: Content-Type}\n",
+            "tenant-header.yaml:3:23: backend default: tenancy.header may not be \"Content-Type\"",
+        ),
+        (
+            "tenant-default.yaml",
+            "tenancy: {default: \"\"}\n",
+            "tenancy.default \"\" cannot be a header value",
+        ),
+        (
+            "tenant-max.yaml",
+            "tenancy:\n  max_tenants_per_request: 0\n",
+            "tenant-max.yaml:2:28: tenancy.max_tenants_per_request must be positive",
+        ),
     ];
     for (name, text, want) in cases {
         let f = tmp(name, text);

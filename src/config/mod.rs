@@ -46,6 +46,9 @@ pub struct Config {
     #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub shutdown_timeout: Duration,
     pub derived: DerivedConfig,
+    /// Tenant routing for every backend (docs/tenancy.md); a backend's own `tenancy`
+    /// replaces it. Omitted: no routing, each request goes whole.
+    pub tenancy: Option<TenancyConfig>,
     /// Where this configuration was read from, for error positions.
     #[serde(skip)]
     pub source: Option<ConfigSource>,
@@ -77,6 +80,7 @@ impl Default for Config {
             ingest_auth: None,
             shutdown_timeout: Duration::from_secs(30),
             derived: DerivedConfig::default(),
+            tenancy: None,
             source: None,
         }
     }
@@ -164,6 +168,9 @@ pub struct Limits {
     /// Remote-write requests in progress at most; beyond it `429` with `Retry-After`
     /// before the body is read.
     pub max_concurrent_requests: usize,
+    /// Tenants with a `tenant` label value of their own in promnorm's per-tenant
+    /// metrics; later ones are counted as `other`.
+    pub max_tenants_in_metrics: usize,
 }
 
 impl Default for Limits {
@@ -176,6 +183,7 @@ impl Default for Limits {
             max_label_value_bytes: 64 << 10,
             max_inflight_bytes: 1 << 30,
             max_concurrent_requests: 1024,
+            max_tenants_in_metrics: 100,
         }
     }
 }
@@ -270,6 +278,44 @@ pub struct BackendConfig {
     /// backend shows it speaks only 1.0, then 1.0 for good).
     #[serde(default)]
     pub protocol: BackendProtocolConfig,
+    /// This backend's tenant routing, replacing the global `tenancy`
+    /// (`tenancy: {enabled: false}` turns it off for this backend).
+    #[serde(default)]
+    pub tenancy: Option<TenancyConfig>,
+}
+
+/// Tenant routing (docs/tenancy.md): each request's series are split by the value of a
+/// label into one request per tenant, sent with the tenant in a header.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenancyConfig {
+    /// `false` turns routing off (for one backend, under a global `tenancy`).
+    pub enabled: bool,
+    /// The label whose value names the tenant.
+    pub label: String,
+    /// The header that carries the tenant (`X-Scope-OrgID` for Mimir, Cortex, Loki).
+    pub header: String,
+    /// The tenant of series without the label (or with it empty). Unset: they keep the
+    /// sender's own tenant header, when it sent one.
+    pub default: Option<String>,
+    /// Keep the tenant label on the forwarded series (removed by default).
+    pub keep_label: bool,
+    /// A request naming more tenants gets `400` (its samples are counted as dropped,
+    /// `too_many_tenants`).
+    pub max_tenants_per_request: usize,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        TenancyConfig {
+            enabled: true,
+            label: "tenant".into(),
+            header: "X-Scope-OrgID".into(),
+            default: None,
+            keep_label: false,
+            max_tenants_per_request: 1000,
+        }
+    }
 }
 
 /// A backend's delivery queue.
@@ -361,7 +407,17 @@ impl BackendConfig {
             tls: TlsConfig::default(),
             queue: QueueConfig::default(),
             protocol: BackendProtocolConfig::default(),
+            tenancy: None,
         }
+    }
+
+    /// The tenant routing this backend uses: its own `tenancy`, else the global one;
+    /// `None` when off.
+    pub fn effective_tenancy<'a>(
+        &'a self,
+        global: Option<&'a TenancyConfig>,
+    ) -> Option<&'a TenancyConfig> {
+        self.tenancy.as_ref().or(global).filter(|t| t.enabled)
     }
 
     /// The name in promnorm's metrics and logs: `name`, else `default` for the first
@@ -969,6 +1025,64 @@ impl Config {
         Ok(())
     }
 
+    /// A tenancy block: a label name, a header promnorm may set, a default that can be
+    /// a header value.
+    fn check_tenancy(&self, owner: &str, t: &TenancyConfig) -> Result<(), ConfigError> {
+        let valid_label = t
+            .label
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+        if t.label.is_empty() || !valid_label || t.label == "__name__" {
+            return Err(self.invalid_at(
+                "label",
+                &t.label,
+                format!(
+                    "{owner}tenancy.label {:?} is not a label name promnorm can route by",
+                    t.label
+                ),
+            ));
+        }
+        if http::HeaderName::from_bytes(t.header.as_bytes()).is_err() {
+            return Err(self.invalid_at(
+                "header",
+                &t.header,
+                format!("{owner}tenancy.header {:?} is not a header name", t.header),
+            ));
+        }
+        let lower = t.header.to_ascii_lowercase();
+        if unpassable_header_reason(&t.header).is_some()
+            || lower == "authorization"
+            || lower == "user-agent"
+        {
+            return Err(self.invalid_at(
+                "header",
+                &t.header,
+                format!(
+                    "{owner}tenancy.header may not be {:?}: promnorm sets it itself",
+                    t.header
+                ),
+            ));
+        }
+        if let Some(d) = &t.default
+            && (d.is_empty() || http::HeaderValue::from_str(d).is_err())
+        {
+            return Err(self.invalid_at(
+                "default",
+                d,
+                format!("{owner}tenancy.default {d:?} cannot be a header value"),
+            ));
+        }
+        if t.max_tenants_per_request == 0 {
+            return Err(self.invalid_at(
+                "max_tenants_per_request",
+                "0",
+                format!("{owner}tenancy.max_tenants_per_request must be positive"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Loads what `serve` will load for `server.tls`; errors name the file's position.
     fn check_server_tls(&self, tls: &ServerTlsConfig) -> Result<(), ConfigError> {
         let at = |key: &str, p: &Path, e: String| {
@@ -1156,6 +1270,9 @@ impl Config {
                 source,
             });
         }
+        if let Some(t) = self.tenancy.as_ref().filter(|t| t.enabled) {
+            self.check_tenancy("", t)?;
+        }
         let mut names = std::collections::BTreeSet::new();
         let mut queue_dirs = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {
@@ -1186,6 +1303,9 @@ impl Config {
             }
             self.check_backend_files(&name, b)?;
             self.check_queue(&name, b, &mut queue_dirs)?;
+            if let Some(t) = b.effective_tenancy(self.tenancy.as_ref()) {
+                self.check_tenancy(&format!("backend {name}: "), t)?;
+            }
             if !names.insert(name.clone()) {
                 return Err(ConfigError::DuplicateBackend {
                     at: self.position_nth("name", &name, 1),

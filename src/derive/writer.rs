@@ -7,14 +7,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderMap;
 use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
-use crate::forward::{Forwarder, Outcome, Payload, RetryPolicy, Sink};
+use crate::forward::{Delivery, Forwarder, Mapped, Outcome, RetryPolicy, Sink};
 use crate::telemetry;
-use crate::wire::encode_v2::V2Encoder;
+use crate::wire::bodies::BodyEncoder;
+use crate::wire::split::TenantSplit;
 
 /// Samples per derived request, at most.
 const MAX_SAMPLES_PER_REQUEST: usize = 5_000;
@@ -26,9 +26,9 @@ pub struct Writer {
     batch: Vec<Emitted>,
     encoded: Vec<u8>,
     scratch: Vec<u8>,
-    encoder: snap::raw::Encoder,
-    v2: V2Encoder,
-    v2_raw: Vec<u8>,
+    split: TenantSplit,
+    bodies: BodyEncoder,
+    deliveries: Vec<Delivery>,
     backoff_base: Duration,
 }
 
@@ -40,9 +40,9 @@ impl Writer {
             batch: Vec::new(),
             encoded: Vec::new(),
             scratch: Vec::new(),
-            encoder: snap::raw::Encoder::new(),
-            v2: V2Encoder::new(),
-            v2_raw: Vec::new(),
+            split: TenantSplit::new(),
+            bodies: BodyEncoder::default(),
+            deliveries: Vec::new(),
             backoff_base: RetryPolicy::default().first_backoff,
         }
     }
@@ -96,48 +96,39 @@ impl Writer {
             self.encoded.clear();
             self.deriver
                 .encode(chunk, &mut self.encoded, &mut self.scratch);
-            let body = match self.encoder.compress_vec(&self.encoded) {
-                Ok(b) => Bytes::from(b),
-                Err(e) => {
-                    tracing::error!(error = %e, "compressing derived samples");
-                    count_dropped("derived_undeliverable", chunk.len());
-                    continue;
-                }
+            // Derived series carry their inputs' labels, the tenant label too: tenant
+            // routing sends them to their inputs' tenant.
+            let mapped = Mapped {
+                body: &self.encoded,
+                has_start_timestamps: false,
+                v1: None,
+                samples: chunk.len() as u64,
+                memory: None,
             };
-            let mut payload = Payload::v1(body).with_samples(chunk.len() as u64);
-            // Backends that take 2.0 get the same chunk as 2.0.
-            if self.forwarder.wants_v2() {
-                let v2 = self
-                    .v2
-                    .encode(&self.encoded, None, &mut self.v2_raw)
-                    .map_err(|e| e.to_string())
-                    .and_then(|w| {
-                        let b = self
-                            .encoder
-                            .compress_vec(&self.v2_raw)
-                            .map_err(|e| e.to_string())?;
-                        Ok((Bytes::from(b), w.series))
-                    });
-                match v2 {
-                    Ok((b, series)) => {
-                        payload.v2 = Some(b);
-                        payload.v2_series = series;
-                    }
-                    Err(e) => tracing::error!(error = %e, "encoding derived samples as 2.0"),
-                }
+            let routed = self.forwarder.route(
+                &mapped,
+                &mut self.split,
+                &mut self.bodies,
+                &mut self.deliveries,
+            );
+            if let Err(e) = routed {
+                tracing::error!(error = %e, "routing derived samples");
+                count_dropped("derived_undeliverable", chunk.len());
+                continue;
             }
-            // Every backend at once: one slow or refusing backend does not hold up the
-            // others (each still gets this chunk's requests in order).
+            // Every backend (and tenant) at once: one slow or refusing backend does not
+            // hold up the others (each still gets this chunk's requests in order).
             let policy = RetryPolicy {
                 first_backoff: self.backoff_base,
                 ..RetryPolicy::default()
             };
             let outcomes = self
                 .forwarder
-                .deliver_to_all(&payload, &HeaderMap::new(), policy)
+                .deliver_routed(&self.deliveries, &HeaderMap::new(), policy)
                 .await;
-            for (sink, outcome) in self.forwarder.sinks().zip(outcomes) {
-                account(sink, outcome, chunk.len());
+            for (d, outcome) in self.deliveries.iter().zip(outcomes) {
+                let sink = self.forwarder.sink(d.sink);
+                account(sink, outcome, d.payload.samples as usize);
             }
         }
         self.batch = batch;

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{
     BackendError, BackendOptions, BackendProtocol, BackendSettings, Encoded, Outcome, OutcomeClass,
-    Payload, Protocol, SendFuture, Sink,
+    Payload, Protocol, SendFuture, Sink, TenancyOptions,
 };
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
@@ -29,6 +29,7 @@ pub struct HttpBackend {
     protocol: BackendProtocol,
     /// `protocol: auto` found the backend speaks only 1.0.
     fell_back: AtomicBool,
+    tenancy: Option<TenancyOptions>,
 }
 
 /// The headers by which a 2.0 receiver confirms what it wrote.
@@ -96,6 +97,7 @@ impl HttpBackend {
             misconfigured: AtomicBool::new(false),
             protocol: opts.protocol,
             fell_back: AtomicBool::new(false),
+            tenancy: opts.tenancy,
         })
     }
 
@@ -141,6 +143,20 @@ impl HttpBackend {
         for (k, v) in &self.settings.headers {
             h.insert(k.clone(), v.clone());
         }
+        // Tenant routing: the series' tenant; series without one keep the sender's
+        // tenant header (a queued request keeps its tenant that way too).
+        if let Some(t) = &self.tenancy {
+            match body.tenant {
+                Some(v) => {
+                    h.insert(t.header.clone(), v);
+                }
+                None => {
+                    if let Some(v) = incoming.get(&t.header) {
+                        h.insert(t.header.clone(), v.clone());
+                    }
+                }
+            }
+        }
         // The reserved remote-write headers are always ours.
         h.insert(CONTENT_ENCODING, HeaderValue::from_static("snappy"));
         h.insert(
@@ -168,9 +184,14 @@ impl HttpBackend {
     /// without the written headers turns the backend to 1.0 for good and the request is
     /// sent again as 1.0 (SPEC §1.4).
     async fn send_payload(&self, payload: Payload, incoming: &HeaderMap) -> Outcome {
+        let tenant = payload.tenant;
+        let v1 = Encoded {
+            tenant: tenant.clone(),
+            ..Encoded::v1(payload.v1)
+        };
         let v2 = payload.v2.filter(|_| self.speaks_v2());
         let Some(v2) = v2 else {
-            return self.send_inner(Encoded::v1(payload.v1), incoming).await.0;
+            return self.send_inner(v1, incoming).await.0;
         };
         if payload.v2_series == 0 {
             // Metadata only: 2.0 carries metadata with series, so there is nothing to send.
@@ -179,6 +200,7 @@ impl HttpBackend {
         let body = Encoded {
             body: v2,
             protocol: Protocol::V2,
+            tenant,
         };
         let (outcome, confirmed) = self.send_inner(body, incoming).await;
         if self.protocol != BackendProtocol::Auto {
@@ -200,7 +222,7 @@ impl HttpBackend {
             );
             crate::telemetry::backend_protocol_fallback(&self.settings.name);
         }
-        self.send_inner(Encoded::v1(payload.v1), incoming).await.0
+        self.send_inner(v1, incoming).await.0
     }
 
     /// One request; the outcome and whether a `2xx` carried the written headers.
@@ -282,6 +304,10 @@ impl Sink for HttpBackend {
 
     fn wants_v2(&self) -> bool {
         self.speaks_v2()
+    }
+
+    fn tenancy(&self) -> Option<&TenancyOptions> {
+        self.tenancy.as_ref()
     }
 }
 

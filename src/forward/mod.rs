@@ -6,6 +6,7 @@
 
 pub mod http_backend;
 pub mod queue;
+pub mod route;
 pub mod tls;
 
 use std::future::Future;
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 pub use http_backend::HttpBackend;
+pub use route::{Delivery, Mapped, RouteError, Routing, TenancyOptions};
 
 /// What one backend said about one request.
 #[derive(Debug, Clone)]
@@ -90,6 +92,8 @@ pub enum BackendProtocol {
 pub struct Encoded {
     pub body: Bytes,
     pub protocol: Protocol,
+    /// The tenant header's value (tenant routing).
+    pub tenant: Option<http::HeaderValue>,
 }
 
 impl Encoded {
@@ -97,6 +101,7 @@ impl Encoded {
         Encoded {
             body,
             protocol: Protocol::V1,
+            tenant: None,
         }
     }
 }
@@ -113,6 +118,9 @@ pub struct Payload {
     pub v2_series: usize,
     /// Samples (float and histogram) in the request, for a queue's counts.
     pub samples: u64,
+    /// The tenant these series belong to (tenant routing): the value of the backend's
+    /// tenant header. `None`: the sender's own tenant header, if it sent one.
+    pub tenant: Option<http::HeaderValue>,
 }
 
 impl Payload {
@@ -123,6 +131,7 @@ impl Payload {
             v2: None,
             v2_series: 0,
             samples: 0,
+            tenant: None,
         }
     }
 
@@ -146,6 +155,11 @@ pub trait Sink: Send + Sync {
     /// The sender's headers this backend copies through (a queue stores them).
     fn pass_headers(&self) -> &[http::HeaderName] {
         &[]
+    }
+
+    /// The backend's tenant routing, when it has one.
+    fn tenancy(&self) -> Option<&TenancyOptions> {
+        None
     }
 
     /// Opens what the sink keeps across requests (a queue's files, its senders); called
@@ -289,15 +303,22 @@ pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
 /// Fans a body out to every sink and combines the outcomes.
 pub struct Forwarder {
     sinks: Vec<Box<dyn Sink>>,
+    routing: Routing,
 }
 
 impl Forwarder {
     pub fn new(sinks: Vec<Box<dyn Sink>>) -> Self {
-        Forwarder { sinks }
+        let routing = Routing::new(&sinks);
+        Forwarder { sinks, routing }
     }
 
     pub fn sinks(&self) -> impl Iterator<Item = &dyn Sink> {
         self.sinks.iter().map(|s| s.as_ref())
+    }
+
+    /// The sink at `index` (a [`Delivery::sink`]).
+    pub fn sink(&self, index: usize) -> &dyn Sink {
+        self.sinks[index].as_ref()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -309,43 +330,87 @@ impl Forwarder {
         self.sinks.iter().any(|s| s.wants_v2())
     }
 
-    /// Delivers `body` to every sink concurrently, each with its own retries
-    /// ([`deliver_with_retries`]); returns each final outcome in sink order.
-    pub async fn deliver_to_all(
+    /// True when some sink takes whole requests (no tenant routing).
+    pub fn has_untenanted(&self) -> bool {
+        self.routing.has_plain()
+    }
+
+    /// The bodies of one mapped request, one [`Delivery`] per sink and tenant.
+    pub fn route(
         &self,
-        body: &Payload,
+        mapped: &Mapped<'_>,
+        split: &mut crate::wire::split::TenantSplit,
+        bodies: &mut crate::wire::bodies::BodyEncoder,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), RouteError> {
+        self.routing.route(&self.sinks, mapped, split, bodies, out)
+    }
+
+    /// Delivers each of `deliveries` concurrently, each with its own retries
+    /// ([`deliver_with_retries`]); returns each final outcome in order.
+    pub async fn deliver_routed(
+        &self,
+        deliveries: &[Delivery],
         incoming: &HeaderMap,
         policy: RetryPolicy,
     ) -> Vec<Outcome> {
-        let futs = self.sinks.iter().map(|s| -> SendFuture<'_> {
-            Box::pin(deliver_with_retries(s.as_ref(), body, incoming, policy))
+        let futs = deliveries.iter().map(|d| -> SendFuture<'_> {
+            match &d.refused {
+                Some(o) => Box::pin(std::future::ready(o.clone())),
+                None => Box::pin(deliver_with_retries(
+                    self.sinks[d.sink].as_ref(),
+                    &d.payload,
+                    incoming,
+                    policy,
+                )),
+            }
         });
         join_all(futs).await
     }
 
-    /// Sends to all sinks concurrently; returns each outcome in sink order.
-    /// Sends `body` to every sink at once. Queued sinks first reserve room for it, all of
-    /// them or none: when one queue refuses, no sink gets the request and every outcome
-    /// is that refusal, so the sender's retry never duplicates data in the queues that
-    /// had room.
+    /// Sends `body` to every sink at once (see [`Forwarder::send_routed`]).
     pub async fn send_all(&self, body: Payload, incoming: &HeaderMap) -> Vec<Outcome> {
-        let mut reserved = Vec::with_capacity(self.sinks.len());
-        for s in &self.sinks {
-            match s.reserve(&body, incoming) {
+        let deliveries: Vec<Delivery> = (0..self.sinks.len())
+            .map(|sink| Delivery {
+                sink,
+                payload: body.clone(),
+                tenant: None,
+                refused: None,
+            })
+            .collect();
+        self.send_routed(&deliveries, incoming).await
+    }
+
+    /// Sends every delivery at once; returns each outcome in order. Queued sinks first
+    /// reserve room for theirs, all of them or none: when one queue refuses, nothing is
+    /// sent and every outcome is that refusal, so the sender's retry never duplicates
+    /// data in the queues that had room.
+    pub async fn send_routed(&self, deliveries: &[Delivery], incoming: &HeaderMap) -> Vec<Outcome> {
+        let mut reserved = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            if d.refused.is_some() {
+                reserved.push(0);
+                continue;
+            }
+            match self.sinks[d.sink].reserve(&d.payload, incoming) {
                 Ok(r) => reserved.push(r),
                 Err(refusal) => {
-                    for (s, r) in self.sinks.iter().zip(reserved) {
-                        s.unreserve(r);
+                    for (d, r) in deliveries.iter().zip(reserved) {
+                        self.sinks[d.sink].unreserve(r);
                     }
-                    return self.sinks.iter().map(|_| refusal.clone()).collect();
+                    return deliveries.iter().map(|_| refusal.clone()).collect();
                 }
             }
         }
-        let futs = self
-            .sinks
+        let futs = deliveries
             .iter()
             .zip(reserved)
-            .map(|(s, r)| s.send_reserved(body.clone(), incoming, r));
+            .map(|(d, r)| -> SendFuture<'_> {
+                match &d.refused {
+                    Some(o) => Box::pin(std::future::ready(o.clone())),
+                    None => self.sinks[d.sink].send_reserved(d.payload.clone(), incoming, r),
+                }
+            });
         join_all(futs).await
     }
 }
@@ -394,6 +459,17 @@ impl Outcome {
             Outcome::Delivered | Outcome::Queued => OutcomeClass::Delivered,
             Outcome::Timeout | Outcome::Unreachable(_) => OutcomeClass::Unavailable,
             Outcome::Rejected { status, .. } => classify_status(*status),
+        }
+    }
+
+    /// The outcome as a metric label: `delivered`, `queued`, `rejected` (a data error)
+    /// or `failed` (retryable).
+    pub fn label(&self) -> &'static str {
+        match (self, self.class()) {
+            (Outcome::Queued, _) => "queued",
+            (_, OutcomeClass::Delivered) => "delivered",
+            (_, OutcomeClass::DataRejected) => "rejected",
+            _ => "failed",
         }
     }
 
@@ -506,6 +582,7 @@ pub struct BackendOptions {
     pub bearer_token: Option<String>,
     pub tls: TlsOptions,
     pub protocol: BackendProtocol,
+    pub tenancy: Option<TenancyOptions>,
 }
 
 #[derive(Clone, PartialEq)]

@@ -18,13 +18,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bytes::Bytes;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::derive::writer::Writer;
-use crate::forward::{Forwarder, Outcome, Payload, verdict};
+use crate::forward::{Forwarder, Mapped, Outcome, RouteError, verdict};
 use crate::pipeline::{InputProtocol, Pipeline};
 use crate::telemetry;
 
@@ -389,24 +388,39 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
 
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.take_workspace();
+    ws.skip_v1_body = !st.forwarder.has_untenanted();
     let processed = st.pipeline.process_as(&mut ws, &body, protocol);
-    let (processed, out, forwarded_samples) = match processed {
+    let mut deliveries = Vec::new();
+    let processed = match processed {
         Ok(p) => {
             let stats = st.pipeline.stats(&ws);
             telemetry::record_map_stats(st.pipeline.rules(), stats);
-            let fwd = stats.samples_out + stats.histograms_out;
-            let out = if p.empty {
-                Payload::v1(Bytes::new())
-            } else {
-                match negotiate::payload(&st.pipeline, &mut ws, st.forwarder.wants_v2()) {
-                    Ok(out) => out,
-                    Err(resp) => {
-                        st.pipeline.return_workspace(ws);
-                        return answer(StatusCode::INTERNAL_SERVER_ERROR, &resp, None);
-                    }
+            let forwarded = stats.samples_out + stats.histograms_out;
+            if !p.empty {
+                let input = ws.route_input();
+                let mapped = Mapped {
+                    body: input.mapped,
+                    has_start_timestamps: input.has_start_timestamps,
+                    v1: input.v1,
+                    samples: forwarded,
+                    memory: Some(st.pipeline.metadata_memory()),
+                };
+                let routed =
+                    st.forwarder
+                        .route(&mapped, input.split, input.bodies, &mut deliveries);
+                if let Err(e) = routed {
+                    st.pipeline.return_workspace(ws);
+                    let status = match e {
+                        RouteError::TooManyTenants { .. } => {
+                            telemetry::samples_dropped("too_many_tenants", forwarded);
+                            StatusCode::BAD_REQUEST
+                        }
+                        RouteError::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                    };
+                    return answer(status, &e.to_string(), None);
                 }
-            };
-            (p, out, fwd)
+            }
+            p
         }
         Err(e) => {
             st.pipeline.return_workspace(ws);
@@ -422,23 +436,29 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
     drop(body);
     telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
 
-    if processed.empty {
+    if processed.empty || deliveries.is_empty() {
         return negotiate::written(
             answer(StatusCode::NO_CONTENT, "", None),
             protocol,
             &processed,
         );
     }
-    let outcomes = st
-        .forwarder
-        .send_all(out.with_samples(forwarded_samples), &headers)
-        .await;
-    for (sink, o) in st.forwarder.sinks().zip(&outcomes) {
+    let outcomes = st.forwarder.send_routed(&deliveries, &headers).await;
+    let mut names = Vec::with_capacity(deliveries.len());
+    for (d, o) in deliveries.iter().zip(&outcomes) {
+        let sink = st.forwarder.sink(d.sink);
         if matches!(o, Outcome::Delivered) {
-            telemetry::samples_forwarded(sink.name(), forwarded_samples);
+            telemetry::samples_forwarded(sink.name(), d.payload.samples);
+        }
+        match &d.tenant {
+            Some(t) => {
+                telemetry::tenant_samples(sink.name(), t, o.label(), d.payload.samples);
+                names.push(format!("{} (tenant {t})", sink.name()));
+            }
+            None => names.push(sink.name().to_string()),
         }
     }
-    let v = verdict(st.forwarder.sinks().map(|s| s.name()).zip(&outcomes));
+    let v = verdict(names.iter().map(String::as_str).zip(&outcomes));
     if !v.status.is_success() {
         tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
     }

@@ -1,13 +1,10 @@
 //! Remote-write version negotiation (docs/wire.md, "Receiving"): the version of a request
-//! by its `Content-Type`, the bodies its backends need, and the written-counts headers
-//! of a 2.0 answer.
+//! by its `Content-Type`, and the written-counts headers of a 2.0 answer.
 
 use axum::http::HeaderValue;
 use axum::response::Response;
-use bytes::Bytes;
 
-use crate::forward::Payload;
-use crate::pipeline::{InputProtocol, Pipeline, Processed, Workspace};
+use crate::pipeline::{InputProtocol, Processed};
 
 /// `proto=` of a 1.0 request.
 pub const PROTO_V1: &str = "prometheus.WriteRequest";
@@ -43,19 +40,6 @@ pub fn content_type(ct: &str) -> Result<InputProtocol, String> {
         };
     }
     Ok(protocol)
-}
-
-/// The bodies for the backends: 1.0 always, 2.0 too when some backend takes it.
-pub fn payload(pipeline: &Pipeline, ws: &mut Workspace, wants_v2: bool) -> Result<Payload, String> {
-    let mut out = Payload::v1(Bytes::copy_from_slice(ws.compressed()));
-    if wants_v2 {
-        let series = pipeline
-            .encode_v2(ws)
-            .map_err(|e| format!("encoding remote-write 2.0 output: {e}"))?;
-        out.v2 = Some(Bytes::copy_from_slice(ws.compressed_v2()));
-        out.v2_series = series;
-    }
-    Ok(out)
 }
 
 /// Adds the written-counts headers to a successful answer to a 2.0 request: everything

@@ -444,6 +444,25 @@ impl V2Encoder {
         Ok(())
     }
 
+    /// [`V2Encoder::encode`] with metadata shared across requests: what `memory` holds
+    /// fills in families the request carries no metadata for, and what the request says
+    /// that `memory` does not know yet is stored (under the write lock, only then).
+    pub fn encode_remembering(
+        &mut self,
+        v1: &[u8],
+        memory: &std::sync::RwLock<MetadataMemory>,
+        out: &mut Vec<u8>,
+    ) -> Result<V2Written, DecodeError> {
+        let known = memory.read().ok();
+        let written = self.encode(v1, known.as_deref(), out)?;
+        let news = known.as_deref().is_some_and(|m| self.metadata_news(v1, m));
+        drop(known);
+        if news && let Ok(mut m) = memory.write() {
+            self.remember_metadata(v1, &mut m);
+        }
+        Ok(written)
+    }
+
     /// Stores the request's metadata (from the last [`V2Encoder::encode`] of `v1`) in
     /// `memory`, when it holds something new. Reads first, so a request whose metadata
     /// is known already needs no write lock and allocates nothing.

@@ -1,6 +1,7 @@
 //! Wire format: snappy block framing and the remote-write protobuf schema, read into a
 //! borrowed view and written straight into reusable buffers.
 
+pub mod bodies;
 pub mod decode;
 pub mod decode_v2;
 pub mod encode;

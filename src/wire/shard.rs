@@ -66,6 +66,14 @@ fn series_hash(buf: &[u8], start: usize, end: usize) -> Result<(u64, u64), Decod
     Ok((h.finish(), count))
 }
 
+/// FNV-1a of `bytes`: stable across processes, so a queue's shard of a key (a tenant)
+/// survives a restart.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h = Fnv1a::default();
+    h.write(bytes);
+    h.finish()
+}
+
 struct Fnv1a(u64);
 
 impl Default for Fnv1a {

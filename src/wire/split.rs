@@ -1,5 +1,4 @@
-//! Splitting a mapped 1.0 request by tenant (issue 11, "Tenant routing"; not wired into
-//! the request path yet): one pass over the series of the mapped body into one body per
+//! Splitting a mapped 1.0 request by tenant (tenant routing, `forward::route`): one pass over the series of the mapped body into one body per
 //! value of a tenant label, without re-decoding anything but each series' labels.
 //! Buffers are reused across requests, so a warm split allocates nothing per sample.
 //! Metadata entries go to every tenant's body (they describe families, not series).
@@ -42,6 +41,8 @@ pub struct TenantBody {
     /// The tenant's encoded `WriteRequest`.
     pub body: Vec<u8>,
     pub series: usize,
+    /// Float samples and histograms in `body`.
+    pub samples: u64,
 }
 
 impl TenantBody {
@@ -103,12 +104,23 @@ impl TenantSplit {
         b.tenant.clear();
         b.body.clear();
         b.series = 0;
+        b.samples = 0;
         b.has_tenant = tenant.is_some();
         if let Some(t) = tenant {
             b.tenant.extend_from_slice(t);
         }
         self.index.insert(key, i as u32);
         Ok(i)
+    }
+
+    /// Bytes held by the largest tenant body.
+    pub fn retained_bytes(&self) -> usize {
+        self.bodies
+            .iter()
+            .map(|b| b.body.capacity())
+            .max()
+            .unwrap_or(0)
+            .max(self.series_buf.capacity())
     }
 
     /// Splits `v1` (a mapped 1.0 request) by tenant; returns one body per tenant, in the
@@ -131,6 +143,7 @@ impl TenantSplit {
             // The tenant label, and where it sits in the series.
             let mut tenant: Option<(usize, usize)> = None;
             let mut label_at: Option<(usize, usize)> = None;
+            let mut samples = 0u64;
             let mut sr = Reader::new(v1, s, e);
             while !sr.is_done() {
                 let from = sr.pos();
@@ -143,6 +156,7 @@ impl TenantSplit {
                         label_at = Some((from, sr.pos()));
                     }
                 } else {
+                    samples += u64::from(f == 2 || f == 4);
                     sr.skip(w)?;
                 }
             }
@@ -153,6 +167,7 @@ impl TenantSplit {
             let i = self.body_for(name, opts.max_tenants)?;
             let body = &mut self.bodies[i];
             body.series += 1;
+            body.samples += samples;
             match label_at {
                 Some((a, b)) if !opts.keep_label => {
                     self.series_buf.clear();
@@ -259,6 +274,8 @@ mod tests {
             );
             let counts: Vec<usize> = got.iter().map(|(_, r)| r.timeseries.len()).collect();
             assert_eq!(counts, [2, 1, 1, 1]);
+            let samples: Vec<u64> = bodies.iter().map(|b| b.samples).collect();
+            assert_eq!(samples, [2, 1, 1, 1]);
             for (_, r) in &got {
                 assert!(
                     r.timeseries

@@ -177,17 +177,33 @@ impl QueuedSink {
         Ok(stores)
     }
 
-    /// The sender's headers this backend passes through, as a record keeps them.
-    fn passed(&self, incoming: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
-        self.pass
+    /// The headers a record keeps: the sender's headers this backend passes through,
+    /// and with tenant routing the tenant header (the payload's tenant, else the
+    /// sender's), so a replayed record goes to the same tenant.
+    fn record_headers(
+        &self,
+        payload: &Payload,
+        incoming: &HeaderMap,
+    ) -> Vec<(HeaderName, HeaderValue)> {
+        let tenant_header = self.inner.tenancy().map(|t| &t.header);
+        let mut out: Vec<(HeaderName, HeaderValue)> = self
+            .pass
             .iter()
+            .filter(|n| Some(*n) != tenant_header)
             .flat_map(|n| {
                 incoming
                     .get_all(n)
                     .iter()
                     .map(move |v| (n.clone(), v.clone()))
             })
-            .collect()
+            .collect();
+        if let Some(h) = tenant_header {
+            let tenant = payload.tenant.as_ref().or_else(|| incoming.get(h));
+            if let Some(v) = tenant {
+                out.push((h.clone(), v.clone()));
+            }
+        }
+        out
     }
 
     /// Bytes a payload takes in this queue before it is split (the reservation).
@@ -195,7 +211,7 @@ impl QueuedSink {
         record::framed_size(
             payload.v1.len(),
             payload.v2.as_ref().map_or(0, |b| b.len()),
-            &self.passed(incoming),
+            &self.record_headers(payload, incoming),
         )
     }
 
@@ -215,7 +231,7 @@ impl QueuedSink {
             release(reserved);
             return unavailable("promnorm is shutting down");
         }
-        let headers = self.passed(incoming);
+        let headers = self.record_headers(&payload, incoming);
         let enqueued_ms = now_ms();
         let parts = match self.split(&payload) {
             Ok(p) => p,
@@ -304,6 +320,12 @@ impl QueuedSink {
                 payload.v2.clone(),
                 payload.samples,
             )]);
+        }
+        // One tenant's request stays whole, in its tenant's shard: a tenant the backend
+        // throttles holds up only the tenants that share its shard.
+        if let Some(t) = &payload.tenant {
+            let shard = (crate::wire::shard::fnv1a(t.as_bytes()) % n as u64) as usize;
+            return Ok(vec![(shard, payload.v1.clone(), None, payload.samples)]);
         }
         let raw = snap::raw::Decoder::new()
             .decompress_vec(&payload.v1)
@@ -494,6 +516,10 @@ impl Sink for QueuedSink {
 
     fn pass_headers(&self) -> &[HeaderName] {
         &self.pass
+    }
+
+    fn tenancy(&self) -> Option<&super::TenancyOptions> {
+        self.inner.tenancy()
     }
 
     /// The backend decides: a queued request carries the 2.0 body when the backend takes

@@ -53,6 +53,8 @@ impl Record {
             v2: self.v2.clone(),
             v2_series: self.v2_series as usize,
             samples: self.samples,
+            // The tenant, with tenant routing, is in `headers`.
+            tenant: None,
         }
     }
 

@@ -1,0 +1,414 @@
+//! Tenant routing through `serve` (docs/tenancy.md): one request's series split by the
+//! tenant label into one request per tenant and backend, each with its tenant header;
+//! one tenant's refusal never fails another's data; derived series follow their
+//! inputs' tenant; queued requests keep their tenant.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use common::*;
+use promnorm::wire::proto::prometheus as pb;
+
+const TS: i64 = 1_700_000_000_000;
+
+/// What a tenant-aware backend received: (tenant header, series' `i` labels, series'
+/// tenant labels, status it answered).
+#[derive(Clone, Debug)]
+struct Got {
+    tenant: Option<String>,
+    ids: Vec<String>,
+    tenant_labels: Vec<Option<String>>,
+    names: Vec<String>,
+    status: u16,
+}
+
+type Log = Arc<Mutex<Vec<Got>>>;
+
+/// A backend that answers by the tenant header (`answer(tenant, nth request)`).
+async fn tenant_backend(
+    answer: impl Fn(Option<&str>, usize) -> u16 + Send + Sync + 'static,
+) -> (String, Log) {
+    let log: Log = Arc::default();
+    let log2 = log.clone();
+    let answer = Arc::new(answer);
+    let count = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let log = log2.clone();
+            let answer = answer.clone();
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let tenant = headers
+                    .get("x-scope-orgid")
+                    .map(|v| v.to_str().unwrap().to_string());
+                let req = decode(&body);
+                let label = |ts: &pb::TimeSeries, name: &str| {
+                    ts.labels
+                        .iter()
+                        .find(|l| l.name == name)
+                        .map(|l| l.value.clone())
+                };
+                let status = answer(tenant.as_deref(), n);
+                log.lock().unwrap().push(Got {
+                    tenant,
+                    ids: req
+                        .timeseries
+                        .iter()
+                        .map(|ts| label(ts, "i").unwrap_or_default())
+                        .collect(),
+                    tenant_labels: req
+                        .timeseries
+                        .iter()
+                        .map(|ts| label(ts, "tenant"))
+                        .collect(),
+                    names: req
+                        .timeseries
+                        .iter()
+                        .map(|ts| label(ts, "__name__").unwrap_or_default())
+                        .collect(),
+                    status,
+                });
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), log)
+}
+
+/// One request: series `i=0..` with the given tenant labels (None: no label), two
+/// samples each.
+fn request(tenants: &[Option<&str>]) -> Vec<u8> {
+    let timeseries = tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let i = i.to_string();
+            let mut labels = vec![("__name__", "t_total"), ("i", i.as_str())];
+            if let Some(t) = t {
+                labels.push(("tenant", t));
+            }
+            series(&labels, &[(1.0, TS), (2.0, TS + 1000)])
+        })
+        .collect();
+    encode(&pb::WriteRequest {
+        timeseries,
+        metadata: vec![],
+    })
+}
+
+/// Series ids by tenant header, over the requests a backend answered `status`.
+fn by_tenant(log: &Log, status: u16) -> BTreeMap<Option<String>, BTreeSet<String>> {
+    let mut out: BTreeMap<Option<String>, BTreeSet<String>> = BTreeMap::new();
+    for g in log.lock().unwrap().iter().filter(|g| g.status == status) {
+        out.entry(g.tenant.clone())
+            .or_default()
+            .extend(g.ids.iter().cloned());
+    }
+    out
+}
+
+fn ids(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn some(t: &str) -> Option<String> {
+    Some(t.to_string())
+}
+
+async fn metric(proxy: &Proxy, name: &str, filters: &[&str]) -> f64 {
+    get(&format!("http://{}/metrics", proxy.addr))
+        .await
+        .body
+        .lines()
+        .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn three_tenants_one_refused_by_one_backend_one_throttled_by_another() {
+    // Backend `strict` refuses tenant b as data (400); backend `busy` throttles tenant c.
+    let (strict, strict_log) = tenant_backend(|t, _| if t == Some("b") { 400 } else { 204 }).await;
+    let (busy, busy_log) = tenant_backend(|t, _| if t == Some("c") { 429 } else { 204 }).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  default: anonymous\nbackends:\n  - name: strict\n    url: {strict}\n  - name: busy\n    url: {busy}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let body = request(&[Some("a"), Some("b"), Some("c"), None, Some("a"), Some("")]);
+    let r = post(&proxy.url(), body, RW_HEADERS).await;
+    // The most retryable outcome wins: 429 over 400.
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.body.contains("busy (tenant c)"), "{}", r.body);
+
+    // Each tenant's series reached each backend in a request of its own, with its header
+    // and without the tenant label; an empty label value counts as no label.
+    let expected: BTreeMap<Option<String>, BTreeSet<String>> = [
+        (some("a"), ids(&["0", "4"])),
+        (some("b"), ids(&["1"])),
+        (some("c"), ids(&["2"])),
+        (some("anonymous"), ids(&["3", "5"])),
+    ]
+    .into_iter()
+    .collect();
+    let mut strict_all = by_tenant(&strict_log, 204);
+    strict_all.extend(by_tenant(&strict_log, 400));
+    assert_eq!(strict_all, expected);
+    assert_eq!(
+        by_tenant(&strict_log, 400).keys().collect::<Vec<_>>(),
+        [&some("b")]
+    );
+    let mut busy_all = by_tenant(&busy_log, 204);
+    busy_all.extend(by_tenant(&busy_log, 429));
+    assert_eq!(busy_all, expected);
+    assert_eq!(
+        by_tenant(&busy_log, 429).keys().collect::<Vec<_>>(),
+        [&some("c")]
+    );
+    for g in strict_log.lock().unwrap().iter() {
+        assert!(g.tenant_labels.iter().all(Option::is_none), "{g:?}");
+    }
+
+    // Counted per backend and tenant: 2 samples per series.
+    let count = |backend: &'static str, tenant: &'static str, outcome: &'static str| {
+        let p = &proxy;
+        async move {
+            metric(
+                p,
+                "promnorm_tenant_samples_total",
+                &[
+                    &format!("backend=\"{backend}\""),
+                    &format!("tenant=\"{tenant}\""),
+                    &format!("outcome=\"{outcome}\""),
+                ],
+            )
+            .await
+        }
+    };
+    assert_eq!(count("strict", "b", "rejected").await, 2.0);
+    assert_eq!(count("strict", "a", "delivered").await, 4.0);
+    assert_eq!(count("strict", "c", "delivered").await, 2.0);
+    assert_eq!(count("busy", "c", "failed").await, 2.0);
+    assert_eq!(count("busy", "b", "delivered").await, 2.0);
+    assert_eq!(count("busy", "anonymous", "delivered").await, 4.0);
+    proxy.shut_down().await;
+}
+
+#[tokio::test]
+async fn unlabelled_series_keep_the_senders_tenant_and_keep_label_keeps_the_label() {
+    let (url, log) = tenant_backend(|_, _| 204).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  keep_label: true\nbackends:\n  - url: {url}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let body = request(&[Some("a"), None, Some("b")]);
+    let mut headers = RW_HEADERS.to_vec();
+    headers.push(("X-Scope-OrgID", "from-sender"));
+    assert_eq!(post(&proxy.url(), body.clone(), &headers).await.status, 204);
+    // Without the sender's header, unlabelled series go without one.
+    assert_eq!(post(&proxy.url(), body, RW_HEADERS).await.status, 204);
+    let got = by_tenant(&log, 204);
+    assert_eq!(got[&some("a")], ids(&["0"]));
+    assert_eq!(got[&some("b")], ids(&["2"]));
+    assert_eq!(got[&some("from-sender")], ids(&["1"]));
+    assert_eq!(got[&None], ids(&["1"]));
+    for g in log.lock().unwrap().iter() {
+        for l in &g.tenant_labels {
+            // The label stays, and always matches the header.
+            assert_eq!(
+                l.is_some(),
+                g.tenant.is_some() && g.tenant.as_deref() != Some("from-sender"),
+                "{g:?}"
+            );
+            if l.is_some() {
+                assert_eq!(l, &g.tenant, "{g:?}");
+            }
+        }
+    }
+    proxy.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_backend_can_turn_routing_off_or_route_by_another_label() {
+    let (routed, routed_log) = tenant_backend(|_, _| 204).await;
+    let (whole, whole_log) = tenant_backend(|_, _| 204).await;
+    let (other, other_log) = tenant_backend(|_, _| 204).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\nbackends:\n  - name: routed\n    url: {routed}\n  - name: whole\n    url: {whole}\n    tenancy:\n      enabled: false\n  - name: other\n    url: {other}\n    tenancy:\n      label: i\n      default: none\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let body = request(&[Some("a"), Some("b"), Some("a")]);
+    assert_eq!(post(&proxy.url(), body, RW_HEADERS).await.status, 204);
+    assert_eq!(routed_log.lock().unwrap().len(), 2);
+    let whole = whole_log.lock().unwrap().clone();
+    assert_eq!(whole.len(), 1, "the whole request, once");
+    assert_eq!(whole[0].tenant, None);
+    assert_eq!(whole[0].ids, ["0", "1", "2"]);
+    assert_eq!(whole[0].tenant_labels.iter().flatten().count(), 3);
+    // Routed by `i`: one tenant per series, the `i` label removed.
+    let other = other_log.lock().unwrap().clone();
+    let tenants: BTreeSet<Option<String>> = other.iter().map(|g| g.tenant.clone()).collect();
+    assert_eq!(
+        tenants,
+        [some("0"), some("1"), some("2")].into_iter().collect()
+    );
+    assert!(other.iter().all(|g| g.ids == [""]), "{other:?}");
+    proxy.shut_down().await;
+}
+
+#[tokio::test]
+async fn more_tenants_than_allowed_is_a_clear_400_and_counted() {
+    let (url, log) = tenant_backend(|_, _| 204).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  max_tenants_per_request: 2\nbackends:\n  - url: {url}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let r = post(
+        &proxy.url(),
+        request(&[Some("a"), Some("b"), None]),
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let r = post(
+        &proxy.url(),
+        request(&[Some("a"), Some("b"), Some("c")]),
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("more than 2 tenants"), "{}", r.body);
+    assert_eq!(
+        metric(
+            &proxy,
+            "promnorm_samples_dropped_total",
+            &["too_many_tenants"]
+        )
+        .await,
+        6.0
+    );
+    assert_eq!(
+        log.lock().unwrap().len(),
+        3,
+        "only the first request was sent"
+    );
+    proxy.shut_down().await;
+}
+
+#[tokio::test]
+async fn queued_requests_keep_their_tenant_through_retries() {
+    // Tenant c is throttled for its first three attempts; everything else is accepted.
+    let c_attempts = Arc::new(AtomicUsize::new(0));
+    let c2 = c_attempts.clone();
+    let (url, log) = tenant_backend(move |t, _| {
+        if t == Some("c") && c2.fetch_add(1, Ordering::SeqCst) < 3 {
+            429
+        } else {
+            204
+        }
+    })
+    .await;
+    let dir = std::env::temp_dir().join(format!("promnorm-tenancy-q-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  keep_label: true\nbackends:\n  - url: {url}\n    queue:\n      type: disk\n      dir: {}\n      shards: 4\n",
+        dir.display()
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    for k in 0..5 {
+        let tenants: Vec<Option<&str>> =
+            (0..9).map(|i| Some(["a", "b", "c"][(i + k) % 3])).collect();
+        let r = post(&proxy.url(), request(&tenants), RW_HEADERS).await;
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let delivered: usize = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| g.status == 204)
+            .count();
+        if delivered == 15 || tokio::time::Instant::now() > deadline {
+            assert_eq!(delivered, 15, "5 requests x 3 tenants delivered");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(c_attempts.load(Ordering::SeqCst) >= 4);
+    // Every request, retried or not, went to the tenant its series name.
+    for g in log.lock().unwrap().iter() {
+        assert!(g.tenant.is_some(), "{g:?}");
+        assert!(g.tenant_labels.iter().all(|l| l == &g.tenant), "{g:?}");
+    }
+    proxy.shut_down().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn derived_series_go_to_their_inputs_tenant() {
+    let (url, log) = tenant_backend(|_, _| 204).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nderived:\n  flush_interval: 20ms\ntenancy:\n  keep_label: true\nbackends:\n  - url: {url}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    for k in 0..3i64 {
+        let ts = TS + k * 15_000;
+        let mut timeseries = Vec::new();
+        for tenant in ["a", "b"] {
+            let v = (k * 10) as f64;
+            for (name, value) in [
+                ("vllm:prefix_cache_hits_total", v),
+                ("vllm:prefix_cache_queries_total", 2.0 * v),
+            ] {
+                timeseries.push(series(
+                    &[("__name__", name), ("engine", "0"), ("tenant", tenant)],
+                    &[(value, ts)],
+                ));
+            }
+        }
+        let body = encode(&pb::WriteRequest {
+            timeseries,
+            metadata: vec![],
+        });
+        assert_eq!(post(&proxy.url(), body, RW_HEADERS).await.status, 204);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    // The derived ratio arrives once per tenant, in that tenant's requests.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let derived: Vec<Got> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| g.names.iter().any(|n| n.ends_with("hit_ratio")))
+            .cloned()
+            .collect();
+        let tenants: BTreeSet<Option<String>> = derived.iter().map(|g| g.tenant.clone()).collect();
+        if tenants.len() == 2 || tokio::time::Instant::now() > deadline {
+            assert_eq!(
+                tenants,
+                [some("a"), some("b")].into_iter().collect(),
+                "{derived:?}"
+            );
+            for g in &derived {
+                assert!(g.tenant_labels.iter().all(|l| l == &g.tenant), "{g:?}");
+                assert!(g.names.iter().all(|n| n.ends_with("hit_ratio")), "{g:?}");
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.shut_down().await;
+}
