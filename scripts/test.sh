@@ -63,4 +63,7 @@ fi
 
 # Everything else comes from the repository: the zero-allocation test and the benches
 # build their remote-write payloads in process (tests/support/fleet.rs).
+# Tests build optimised but without link-time optimisation: ~25 test binaries link in
+# minutes instead of tens of minutes on two cores; benchmarks keep the release profile.
+export CARGO_PROFILE_RELEASE_LTO=false
 cargo test --release --all-targets -- --nocapture 2>&1 | tee .e2e-bin/test.log

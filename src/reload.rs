@@ -91,6 +91,9 @@ impl Sink for SharedSink {
     fn pass_headers(&self) -> &[http::HeaderName] {
         self.0.pass_headers()
     }
+    fn tenancy(&self) -> Option<&crate::forward::TenancyOptions> {
+        self.0.tenancy()
+    }
     fn start(&self) -> Result<(), String> {
         self.0.start()
     }

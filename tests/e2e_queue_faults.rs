@@ -15,11 +15,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use common::procs::*;
 use common::*;
 
 const SERIES: usize = 200;
@@ -35,19 +35,6 @@ fn outage() -> Duration {
             .and_then(|s| s.parse().ok())
             .unwrap_or(20),
     )
-}
-
-fn binary(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var).map(PathBuf::from) {
-        Some(p) if p.exists() => Some(p),
-        _ if std::env::var("PROMNORM_E2E").as_deref() == Ok("1") => {
-            panic!("PROMNORM_E2E=1 but {var} is not set to an existing binary")
-        }
-        _ => {
-            eprintln!("SKIPPED: set {var} (scripts/test.sh does) to run the fault suite");
-            None
-        }
-    }
 }
 
 fn now_ms() -> i64 {
@@ -96,75 +83,6 @@ async fn target(pad: usize) -> std::net::SocketAddr {
         let _ = axum::serve(listener, app).await;
     });
     addr
-}
-
-/// A process the test can kill and start again with the same arguments (and data).
-struct Proc {
-    bin: PathBuf,
-    args: Vec<String>,
-    base: String,
-    child: Option<Killed>,
-}
-
-impl Proc {
-    fn new(bin: &Path, args: Vec<String>, port: u16) -> Proc {
-        Proc {
-            bin: bin.to_path_buf(),
-            args,
-            base: format!("http://127.0.0.1:{port}"),
-            child: None,
-        }
-    }
-
-    async fn start(&mut self, ready_path: &str) {
-        self.child = Some(Killed(
-            Command::new(&self.bin)
-                .args(&self.args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start"),
-        ));
-        let up = Instant::now() + Duration::from_secs(30);
-        while status_of(&format!("{}{ready_path}", self.base)).await != 200 {
-            assert!(Instant::now() < up, "{} did not start", self.bin.display());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// SIGKILL, reaped.
-    fn kill(&mut self) {
-        self.child = None;
-    }
-}
-
-async fn status_of(url: &str) -> u16 {
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let req = axum::http::Request::get(url)
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap();
-    match tokio::time::timeout(Duration::from_secs(2), client.request(req)).await {
-        Ok(Ok(r)) => r.status().as_u16(),
-        _ => 0,
-    }
-}
-
-fn prometheus_receiver(prom: &Path, dir: &Path) -> Proc {
-    let port = free_port();
-    std::fs::write(dir.join("receiver.yml"), "global: {}\n").unwrap();
-    Proc::new(
-        prom,
-        vec![
-            format!("--config.file={}", dir.join("receiver.yml").display()),
-            format!("--storage.tsdb.path={}", dir.join("data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--web.enable-remote-write-receiver".into(),
-            "--log.level=error".into(),
-        ],
-        port,
-    )
 }
 
 fn victoria_receiver(vm: &Path, dir: &Path) -> Proc {

@@ -284,8 +284,10 @@ fn derived_state_bytes_per_series() {
 /// allocates nothing once warm.
 #[test]
 fn zero_alloc_tenant_split() {
+    use promnorm::wire::bodies::{BodyEncoder, V2Output};
     use promnorm::wire::split::{SplitOptions, TenantSplit};
     let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let mut bodies_enc = BodyEncoder::default();
     let pipeline = Config::embedded_default().pipeline().unwrap();
     let mut ws = pipeline.take_workspace();
     let mut split = TenantSplit::new();
@@ -301,6 +303,14 @@ fn zero_alloc_tenant_split() {
             pipeline.process(&mut ws, b).expect("valid payload");
             let before = allocations();
             let out = split.split(&ws.encoded, &opts).expect("splits");
+            // Each tenant's body compressed as 1.0 and encoded as 2.0 (what routing
+            // does before it hands the bodies to the backends).
+            for t in out {
+                let b = bodies_enc
+                    .encode(&t.body, false, None, V2Output::Yes(None))
+                    .expect("encodes");
+                assert!(!b.v1.is_empty() && b.v2.is_some_and(|(v2, n)| !v2.is_empty() && n > 0));
+            }
             allocs += allocations() - before;
             tenants = tenants.max(out.len());
             series += out.iter().map(|t| t.series).sum::<usize>();
@@ -314,5 +324,8 @@ fn zero_alloc_tenant_split() {
         "zero_alloc_tenant_split: up to {tenants} tenants a request, {series} series, {allocs} allocations"
     );
     assert!(tenants >= 2 && series > 0);
-    assert_eq!(allocs, 0, "the warm split allocated");
+    assert_eq!(
+        allocs, 0,
+        "the warm split and its per-tenant encoding allocated"
+    );
 }

@@ -2,6 +2,8 @@
 //! recording fake backend and a tiny HTTP client.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
