@@ -8,8 +8,11 @@
 //! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
 //! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on) for
 //! 1.0 in → 1.0 out (`all_packs_derived`), 2.0 in → 1.0 out (`rw2_in_rw1_out`) and 2.0
-//! in → 2.0 out (`rw2_in_rw2_out`, the 2.0 body with its symbols table made too), the
-//! 2.0 requests being the same requests as a 2.0 sender sends them.
+//! in → 2.0 out (`rw2_in_rw2_out`, the 2.0 body with its symbols table made instead of
+//! the 1.0 body, as `serve` does for `protocol: v2` backends), the 2.0 requests being the
+//! same requests as a 2.0 sender sends them; and 1.0 in → one 1.0 body per tenant
+//! (`tenants_by_instance`: tenant routing by the `instance` label, the split and each
+//! tenant's compression instead of one compression of the whole request).
 
 use promnorm::app::Assemble;
 use std::sync::Arc;
@@ -19,7 +22,9 @@ use promnorm::config::{Config, PeakConfig};
 use promnorm::derive::{DeriveScratch, Emitted};
 use promnorm::mapping::{MapContext, Mapper, Rules};
 use promnorm::pipeline::InputProtocol;
+use promnorm::wire::bodies::{BodyEncoder, V2Output};
 use promnorm::wire::encode_v2::V2Encoder;
+use promnorm::wire::split::{SplitOptions, TenantSplit};
 use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
 #[path = "../tests/support/fleet.rs"]
@@ -181,6 +186,8 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
         })
         .collect();
     for (name, output_v2) in [("rw2_in_rw1_out", false), ("rw2_in_rw2_out", true)] {
+        // A 2.0-only deployment makes no 1.0 body.
+        ws.skip_v1_body = output_v2;
         g.bench_with_input(
             BenchmarkId::new("end_to_end", name),
             &v2_bodies,
@@ -200,6 +207,36 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
             },
         );
     }
+    ws.skip_v1_body = true;
+    let mut split = TenantSplit::new();
+    let mut tenant_bodies = BodyEncoder::default();
+    let by_instance = SplitOptions {
+        label: b"instance",
+        default: Some(b"anonymous"),
+        keep_label: false,
+        max_tenants: 1000,
+    };
+    g.bench_with_input(
+        BenchmarkId::new("end_to_end", "tenants_by_instance"),
+        bodies,
+        |b, bodies| {
+            b.iter(|| {
+                let k = next(bodies.len());
+                let p = pipeline.process(&mut ws, &bodies[k]).expect("valid");
+                let mut bytes = 0;
+                for t in split.split(&ws.encoded, &by_instance).expect("splits") {
+                    let out = tenant_bodies
+                        .encode(&t.body, false, None, V2Output::No)
+                        .expect("encodes");
+                    bytes += out.v1.len();
+                }
+                drained.clear();
+                deriver.drain(&mut drained);
+                (p, bytes)
+            })
+        },
+    );
+    ws.skip_v1_body = false;
     g.finish();
 }
 

@@ -47,7 +47,8 @@ pub struct Workspace {
     v2_raw: Vec<u8>,
     compressed_v2: Vec<u8>,
     compressed_v2_len: usize,
-    /// Skip the 1.0 body: every backend routes by tenant and encodes its own.
+    /// Skip the 1.0 body of the whole request: every backend that takes whole requests
+    /// sends 2.0, or routes by tenant and encodes its own bodies.
     pub skip_v1_body: bool,
     tenant_split: TenantSplit,
     bodies: BodyEncoder,

@@ -94,6 +94,9 @@ impl Sink for SharedSink {
     fn tenancy(&self) -> Option<&crate::forward::TenancyOptions> {
         self.0.tenancy()
     }
+    fn needs_v1(&self) -> bool {
+        self.0.needs_v1()
+    }
     fn start(&self) -> Result<(), String> {
         self.0.start()
     }

@@ -421,7 +421,7 @@ async fn dashboard_and_alert_metrics_are_in_a_live_scrape() {
     std::fs::write(
         &cfg,
         format!(
-            "listen: 127.0.0.1:{port}\nderived: {{flush_interval: 50ms}}\nbackends:\n  - url: {backend}\n  - name: queued\n    url: {backend}\n    queue: {{type: memory}}\n"
+            "listen: 127.0.0.1:{port}\nderived: {{flush_interval: 50ms}}\nbackends:\n  - url: {backend}\n  - name: queued\n    url: {backend}\n    queue: {{type: memory}}\n  - name: tenanted\n    url: {backend}\n    tenancy: {{label: model_name}}\n"
         ),
     )
     .unwrap();

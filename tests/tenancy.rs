@@ -4,6 +4,8 @@
 //! inputs' tenant; queued requests keep their tenant.
 
 mod common;
+#[path = "support/rw2.rs"]
+mod rw2;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +16,7 @@ use axum::body::Bytes;
 use axum::http::HeaderMap;
 use common::*;
 use promnorm::wire::proto::prometheus as pb;
+use promnorm::wire::proto::write_v2 as v2;
 
 const TS: i64 = 1_700_000_000_000;
 
@@ -410,5 +413,118 @@ async fn derived_series_go_to_their_inputs_tenant() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    proxy.shut_down().await;
+}
+
+/// A backend taking 1.0 and 2.0 (confirming 2.0 with the written headers); records
+/// (tenant header, content type, body).
+async fn any_version_backend() -> (String, Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>>) {
+    let rec: Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>> = Arc::default();
+    let rec2 = rec.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let rec = rec2.clone();
+            async move {
+                let h = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_string());
+                let ct = h("content-type").unwrap_or_default();
+                rec.lock()
+                    .unwrap()
+                    .push((h("x-scope-orgid"), ct.clone(), body.to_vec()));
+                let mut resp = axum::response::Response::new(axum::body::Body::empty());
+                *resp.status_mut() = axum::http::StatusCode::NO_CONTENT;
+                if ct.contains("io.prometheus.write.v2.Request") {
+                    for n in [
+                        "x-prometheus-remote-write-samples-written",
+                        "x-prometheus-remote-write-histograms-written",
+                        "x-prometheus-remote-write-exemplars-written",
+                    ] {
+                        resp.headers_mut().insert(n, 0.into());
+                    }
+                }
+                resp
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), rec)
+}
+
+#[tokio::test]
+async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
+    let (one, one_rec) = any_version_backend().await;
+    let (two, two_rec) = any_version_backend().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  default: anonymous\nbackends:\n  - name: one\n    url: {one}\n  - name: two\n    url: {two}\n    protocol: v2\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    // Three series with start timestamps: tenants a, b and none.
+    let mut sym = rw2::Symbols::default();
+    let series: Vec<v2::TimeSeries> = [Some("a"), Some("b"), None]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let i = i.to_string();
+            let mut labels = vec![("__name__", "t_total"), ("i", i.as_str())];
+            if let Some(t) = t {
+                labels.push(("tenant", t));
+            }
+            v2::TimeSeries {
+                labels_refs: sym.refs(&labels),
+                samples: vec![v2::Sample {
+                    value: 3.0,
+                    timestamp: TS,
+                    start_timestamp: TS - 60_000,
+                }],
+                ..Default::default()
+            }
+        })
+        .collect();
+    let req = v2::Request {
+        timeseries: series,
+        symbols: sym.list,
+    };
+    let r = post(&proxy.url(), rw2::encode_v2(&req), rw2::RW2_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(
+        r.headers["x-prometheus-remote-write-samples-written"], "3",
+        "the 2.0 sender's written headers"
+    );
+    let expect = |tenant: &str| match tenant {
+        "a" => "0",
+        "b" => "1",
+        _ => "2",
+    };
+    // The 1.0 backend: one 1.0 request per tenant, start timestamps dropped.
+    let got = one_rec.lock().unwrap().clone();
+    assert_eq!(got.len(), 3);
+    for (tenant, ct, body) in &got {
+        assert_eq!(ct, "application/x-protobuf");
+        let tenant = tenant.as_deref().unwrap();
+        let canon = rw2::canon_v1(&decode(body));
+        assert_eq!(canon.len(), 1, "{tenant}");
+        assert!(canon[0].labels.contains(&("i".into(), expect(tenant).into())));
+        assert!(canon[0].labels.iter().all(|(n, _)| n != "tenant"));
+        assert_eq!(canon[0].samples, [(3f64.to_bits(), TS, 0)]);
+    }
+    // The 2.0 backend: one 2.0 request per tenant, start timestamps kept.
+    let got = two_rec.lock().unwrap().clone();
+    assert_eq!(got.len(), 3);
+    let mut tenants = BTreeSet::new();
+    for (tenant, ct, body) in &got {
+        assert!(ct.contains("io.prometheus.write.v2.Request"), "{ct}");
+        let tenant = tenant.clone().unwrap();
+        let canon = rw2::canon_v2(&rw2::decode_v2(body));
+        assert_eq!(canon.len(), 1, "{tenant}");
+        assert!(canon[0].labels.contains(&("i".into(), expect(&tenant).into())));
+        assert!(canon[0].labels.iter().all(|(n, _)| n != "tenant"));
+        assert_eq!(canon[0].samples, [(3f64.to_bits(), TS, TS - 60_000)]);
+        tenants.insert(tenant);
+    }
+    assert_eq!(tenants, ids(&["a", "anonymous", "b"]));
     proxy.shut_down().await;
 }

@@ -309,6 +309,10 @@ impl Sink for HttpBackend {
     fn tenancy(&self) -> Option<&TenancyOptions> {
         self.tenancy.as_ref()
     }
+
+    fn needs_v1(&self) -> bool {
+        self.protocol != BackendProtocol::V2
+    }
 }
 
 fn secret_header(v: &str) -> Result<HeaderValue, BackendError> {

@@ -152,6 +152,12 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// False when the sink never sends the 1.0 body (`protocol: v2`): a request whose
+    /// sinks all say so is not encoded as 1.0 at all.
+    fn needs_v1(&self) -> bool {
+        true
+    }
+
     /// The sender's headers this backend copies through (a queue stores them).
     fn pass_headers(&self) -> &[http::HeaderName] {
         &[]
@@ -330,9 +336,10 @@ impl Forwarder {
         self.sinks.iter().any(|s| s.wants_v2())
     }
 
-    /// True when some sink takes whole requests (no tenant routing).
-    pub fn has_untenanted(&self) -> bool {
-        self.routing.has_plain()
+    /// True when the request path should compress the whole request as 1.0: some sink
+    /// takes whole requests (no tenant routing) in 1.0.
+    pub fn wants_whole_v1(&self) -> bool {
+        self.routing.plain_needs_v1(&self.sinks)
     }
 
     /// The bodies of one mapped request, one [`Delivery`] per sink and tenant.

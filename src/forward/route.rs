@@ -93,10 +93,10 @@ impl Routing {
         r
     }
 
-    /// True when some sink takes the request's whole body (no tenancy): the pipeline
-    /// then compresses the 1.0 body once for all of them.
-    pub fn has_plain(&self) -> bool {
-        !self.plain.is_empty()
+    /// True when some sink takes the request's whole body (no tenancy) and may send it
+    /// as 1.0: the pipeline then compresses the 1.0 body once for all of them.
+    pub fn plain_needs_v1(&self, sinks: &[Box<dyn Sink>]) -> bool {
+        self.plain.iter().any(|&i| sinks[i].needs_v1())
     }
 
     /// Writes one [`Delivery`] per (sink, tenant) into `out`. Sinks without tenancy all
@@ -112,11 +112,13 @@ impl Routing {
         out.clear();
         if !self.plain.is_empty() {
             let wants_v2 = self.plain.iter().any(|&i| sinks[i].wants_v2());
+            let needs_v1 = self.plain.iter().any(|&i| sinks[i].needs_v1());
             let payload = encode(
                 &mut *bodies,
                 mapped.body,
                 mapped,
                 mapped.v1,
+                needs_v1,
                 wants_v2,
                 mapped.samples,
             )?;
@@ -147,8 +149,17 @@ impl Routing {
                 Err(SplitError::Decode(e)) => return Err(e.into()),
             };
             let wants_v2 = members.iter().any(|&i| sinks[i].wants_v2());
+            let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
             for tb in tenants {
-                let mut payload = encode(bodies, &tb.body, mapped, None, wants_v2, tb.samples)?;
+                let mut payload = encode(
+                    bodies,
+                    &tb.body,
+                    mapped,
+                    None,
+                    needs_v1,
+                    wants_v2,
+                    tb.samples,
+                )?;
                 let (tenant, refused) = match tb.tenant() {
                     None => (None, None),
                     Some(t) => {
@@ -192,6 +203,7 @@ fn encode(
     body: &[u8],
     mapped: &Mapped<'_>,
     v1_done: Option<&[u8]>,
+    needs_v1: bool,
     wants_v2: bool,
     samples: u64,
 ) -> Result<Payload, DecodeError> {
@@ -200,6 +212,8 @@ fn encode(
     } else {
         V2Output::No
     };
+    // No sink sends 1.0: an empty 1.0 body stands for it (never sent).
+    let v1_done = if needs_v1 { v1_done } else { Some(&[][..]) };
     let b = bodies.encode(body, mapped.has_start_timestamps, v1_done, v2)?;
     let mut p = Payload::v1(Bytes::copy_from_slice(b.v1)).with_samples(samples);
     if let Some((v2, series)) = b.v2 {

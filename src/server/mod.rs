@@ -388,7 +388,7 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
 
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.take_workspace();
-    ws.skip_v1_body = !st.forwarder.has_untenanted();
+    ws.skip_v1_body = !st.forwarder.wants_whole_v1();
     let processed = st.pipeline.process_as(&mut ws, &body, protocol);
     let mut deliveries = Vec::new();
     let processed = match processed {

@@ -96,6 +96,12 @@ pub struct V2Encoder {
     ex_buf: Vec<u8>,
     md: Vec<RequestMetadata>,
     md_index: AHashMap<u64, u32>,
+    /// Per name symbol of this request: 0 not looked up yet, 1 no metadata, `i + 2`:
+    /// `md_found[i]`. Series of one family repeat their name (histogram buckets): the
+    /// suffix lookups run once per name, not once per series.
+    md_by_name: Vec<u32>,
+    /// (type, help symbol, unit symbol).
+    md_found: Vec<(i32, u32, u32)>,
 }
 
 impl V2Encoder {
@@ -190,6 +196,8 @@ impl V2Encoder {
         self.series_out.clear();
         self.md.clear();
         self.md_index.clear();
+        self.md_by_name.clear();
+        self.md_found.clear();
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
@@ -316,6 +324,45 @@ impl V2Encoder {
         None
     }
 
+    /// The metadata of the series named `name` (symbol `name_ref`) as (type, help
+    /// symbol, unit symbol), looked up once per name and request.
+    fn series_metadata(
+        &mut self,
+        buf: &[u8],
+        name: ByteRange,
+        name_ref: Option<u32>,
+        memory: Option<&MetadataMemory>,
+    ) -> Option<(i32, u32, u32)> {
+        let slot = name_ref.map(|r| r as usize);
+        if let Some(i) = slot {
+            if self.md_by_name.len() <= i {
+                self.md_by_name.resize(i + 1, 0);
+            }
+            match self.md_by_name[i] {
+                0 => {}
+                1 => return None,
+                k => return self.md_found.get(k as usize - 2).copied(),
+            }
+        }
+        let found = self
+            .find_metadata(buf, slice(buf, name), memory)
+            .map(|(t, help, unit)| {
+                let help_ref = if help.is_empty() { 0 } else { self.symbol(help) };
+                let unit_ref = if unit.is_empty() { 0 } else { self.symbol(unit) };
+                (t, help_ref, unit_ref)
+            });
+        if let Some(i) = slot {
+            self.md_by_name[i] = match found {
+                None => 1,
+                Some(f) => {
+                    self.md_found.push(f);
+                    self.md_found.len() as u32 + 1
+                }
+            };
+        }
+        found
+    }
+
     fn encode_series(
         &mut self,
         buf: &[u8],
@@ -325,17 +372,19 @@ impl V2Encoder {
     ) -> Result<(), DecodeError> {
         self.refs.clear();
         let mut name: (u32, u32) = (0, 0);
+        let mut name_ref: Option<u32> = None;
         let mut r = Reader::new(buf, start, end);
         while !r.is_done() {
             let (field, wire) = r.key()?;
             if field == 1 && wire == WIRE_LEN {
                 let (s, e) = r.len_delimited()?;
                 let (n, v) = read_label(buf, s, e)?;
-                if slice(buf, n) == b"__name__" {
-                    name = v;
-                }
                 let nr = self.symbol(slice(buf, n));
                 let vr = self.symbol(slice(buf, v));
+                if slice(buf, n) == b"__name__" {
+                    name = v;
+                    name_ref = Some(vr);
+                }
                 self.refs.push(nr);
                 self.refs.push(vr);
             } else {
@@ -364,17 +413,9 @@ impl V2Encoder {
                 _ => r.skip(wire)?,
             }
         }
-        if let Some((metric_type, help, unit)) = self.find_metadata(buf, slice(buf, name), memory) {
-            let help_ref = if help.is_empty() {
-                0
-            } else {
-                self.symbol(help)
-            };
-            let unit_ref = if unit.is_empty() {
-                0
-            } else {
-                self.symbol(unit)
-            };
+        if let Some((metric_type, help_ref, unit_ref)) =
+            self.series_metadata(buf, name, name_ref, memory)
+        {
             let mut len = 0;
             for (v, _) in [
                 (metric_type as u64, 1),

@@ -522,6 +522,10 @@ impl Sink for QueuedSink {
         self.inner.tenancy()
     }
 
+    fn needs_v1(&self) -> bool {
+        self.inner.needs_v1()
+    }
+
     /// The backend decides: a queued request carries the 2.0 body when the backend takes
     /// 2.0 when it is queued (and the 1.0 body always, for `auto`'s fallback).
     fn wants_v2(&self) -> bool {
