@@ -416,10 +416,12 @@ async fn derived_series_go_to_their_inputs_tenant() {
     proxy.shut_down().await;
 }
 
-/// A backend taking 1.0 and 2.0 (confirming 2.0 with the written headers); records
-/// (tenant header, content type, body).
-async fn any_version_backend() -> (String, Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>>) {
-    let rec: Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>> = Arc::default();
+/// (tenant header, content type, body) of each request a backend received.
+type Bodies = Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>>;
+
+/// A backend taking 1.0 and 2.0 (confirming 2.0 with the written headers).
+async fn any_version_backend() -> (String, Bodies) {
+    let rec: Bodies = Arc::default();
     let rec2 = rec.clone();
     let app = axum::Router::new().route(
         "/api/v1/write",
@@ -507,7 +509,11 @@ async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
         let tenant = tenant.as_deref().unwrap();
         let canon = rw2::canon_v1(&decode(body));
         assert_eq!(canon.len(), 1, "{tenant}");
-        assert!(canon[0].labels.contains(&("i".into(), expect(tenant).into())));
+        assert!(
+            canon[0]
+                .labels
+                .contains(&("i".into(), expect(tenant).into()))
+        );
         assert!(canon[0].labels.iter().all(|(n, _)| n != "tenant"));
         assert_eq!(canon[0].samples, [(3f64.to_bits(), TS, 0)]);
     }
@@ -520,7 +526,11 @@ async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
         let tenant = tenant.clone().unwrap();
         let canon = rw2::canon_v2(&rw2::decode_v2(body));
         assert_eq!(canon.len(), 1, "{tenant}");
-        assert!(canon[0].labels.contains(&("i".into(), expect(&tenant).into())));
+        assert!(
+            canon[0]
+                .labels
+                .contains(&("i".into(), expect(&tenant).into()))
+        );
         assert!(canon[0].labels.iter().all(|(n, _)| n != "tenant"));
         assert_eq!(canon[0].samples, [(3f64.to_bits(), TS, TS - 60_000)]);
         tenants.insert(tenant);

@@ -152,13 +152,7 @@ impl Routing {
             let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
             for tb in tenants {
                 let mut payload = encode(
-                    bodies,
-                    &tb.body,
-                    mapped,
-                    None,
-                    needs_v1,
-                    wants_v2,
-                    tb.samples,
+                    bodies, &tb.body, mapped, None, needs_v1, wants_v2, tb.samples,
                 )?;
                 let (tenant, refused) = match tb.tenant() {
                     None => (None, None),

@@ -347,8 +347,16 @@ impl V2Encoder {
         let found = self
             .find_metadata(buf, slice(buf, name), memory)
             .map(|(t, help, unit)| {
-                let help_ref = if help.is_empty() { 0 } else { self.symbol(help) };
-                let unit_ref = if unit.is_empty() { 0 } else { self.symbol(unit) };
+                let help_ref = if help.is_empty() {
+                    0
+                } else {
+                    self.symbol(help)
+                };
+                let unit_ref = if unit.is_empty() {
+                    0
+                } else {
+                    self.symbol(unit)
+                };
                 (t, help_ref, unit_ref)
             });
         if let Some(i) = slot {
