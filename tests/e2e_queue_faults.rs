@@ -54,7 +54,7 @@ fn scratch(name: &str) -> PathBuf {
 /// A scrape target: `SERIES` counters `qf_total{i}` with a padding label (so a queue
 /// fills in seconds, not hours, when a test wants it to).
 async fn target(pad: usize) -> std::net::SocketAddr {
-    let text = Arc::new({
+    let text = {
         let mut t = String::from("# TYPE qf_total counter\n");
         for i in 0..SERIES {
             let mut x = i as u64 * 0x9e37_79b9 + 1;
@@ -69,20 +69,8 @@ async fn target(pad: usize) -> std::net::SocketAddr {
             t.push_str(&format!("qf_total{{i=\"{i}\",pad=\"{p}\"}} {i}\n"));
         }
         t
-    });
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let t = text.clone();
-            async move { (*t).clone() }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    addr
+    };
+    serve_exposition(text).await
 }
 
 fn victoria_receiver(vm: &Path, dir: &Path) -> Proc {

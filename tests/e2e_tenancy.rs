@@ -44,20 +44,7 @@ async fn target() -> std::net::SocketAddr {
             None => text.push_str(&format!("tq_total{{i=\"{i}\"}} {i}\n")),
         }
     }
-    let text = Arc::new(text);
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let t = text.clone();
-            async move { (*t).clone() }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    addr
+    serve_exposition(text).await
 }
 
 /// The gateway: tenant header → that tenant's receiver; logs every header it saw.

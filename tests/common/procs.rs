@@ -93,3 +93,21 @@ pub fn prometheus_receiver(prom: &Path, dir: &Path) -> Proc {
         port,
     )
 }
+
+/// A scrape target serving `text` (an exposition) at `/metrics`.
+pub async fn serve_exposition(text: String) -> std::net::SocketAddr {
+    let text = std::sync::Arc::new(text);
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let t = text.clone();
+            async move { (*t).clone() }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
