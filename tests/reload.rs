@@ -658,3 +658,56 @@ async fn queues_survive_a_reload_and_a_changed_disk_queue_hands_its_data_over() 
     }
     assert_eq!(*got.lock().unwrap(), vec![11, 12, 13, 14, 15]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_turns_tenant_routing_on_and_off() {
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let plain = format!(
+        "derived: {{enabled: false}}\n{}",
+        backend_yaml(&backend, "1")
+    );
+    let s = Served::start("tenancy", &plain, &[], &["--web.enable-lifecycle"]).await;
+    let write = s.url("/api/v1/write");
+    let request = |ts: i64| {
+        encode(&pb::WriteRequest {
+            timeseries: vec![
+                series(&[("__name__", "t_total"), ("team", "a")], &[(1.0, ts)]),
+                series(&[("__name__", "t_total"), ("team", "b")], &[(1.0, ts)]),
+            ],
+            ..Default::default()
+        })
+    };
+    // (tenant header, number of series) of each request the backend got.
+    let seen = |from: usize| -> Vec<(Option<String>, usize)> {
+        rec.requests()[from..]
+            .iter()
+            .map(|(h, body)| {
+                (
+                    h.get("x-scope-orgid")
+                        .map(|v| v.to_str().unwrap().to_string()),
+                    decode(body).timeseries.len(),
+                )
+            })
+            .collect()
+    };
+    post_ok(&write, request(1_000)).await;
+    assert_eq!(seen(0), [(None, 2)], "no routing before the reload");
+
+    s.write_config(&format!("{plain}tenancy: {{label: team}}\n"));
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    post_ok(&write, request(2_000)).await;
+    let mut routed = seen(1);
+    routed.sort();
+    assert_eq!(
+        routed,
+        [(Some("a".to_string()), 1), (Some("b".to_string()), 1)],
+        "one request per tenant after the reload"
+    );
+
+    s.write_config(&plain);
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    post_ok(&write, request(3_000)).await;
+    assert_eq!(seen(3), [(None, 2)], "whole requests again");
+}
