@@ -409,11 +409,13 @@ pub fn samples_dropped(reason: &'static str, n: u64) {
 
 /// Tenants with a label value of their own in [`TENANT_SAMPLES`]; the others share
 /// `other`, so a sender inventing tenants cannot grow promnorm's `/metrics` without bound.
-static TENANTS: std::sync::Mutex<(usize, Vec<String>)> = std::sync::Mutex::new((100, Vec::new()));
+static TENANTS: std::sync::LazyLock<std::sync::RwLock<(usize, std::collections::HashSet<String>)>> =
+    std::sync::LazyLock::new(|| std::sync::RwLock::new((100, std::collections::HashSet::new())));
 
-/// How many tenants get a label value of their own (`limits.max_tenants_in_metrics`).
+/// How many tenants get a label value of their own (`limits.max_tenants_in_metrics`;
+/// a lower value on reload applies to tenants not seen yet).
 pub fn set_tenant_limit(n: usize) {
-    if let Ok(mut t) = TENANTS.lock() {
+    if let Ok(mut t) = TENANTS.write() {
         t.0 = n;
     }
 }
@@ -421,14 +423,14 @@ pub fn set_tenant_limit(n: usize) {
 /// The label value of `tenant` in per-tenant metrics: its name for the first
 /// `limits.max_tenants_in_metrics` tenants seen, `other` after.
 pub fn tenant_label(tenant: &str) -> String {
-    let Ok(mut t) = TENANTS.lock() else {
-        return "other".into();
-    };
-    if t.1.iter().any(|k| k == tenant) {
+    if TENANTS.read().is_ok_and(|t| t.1.contains(tenant)) {
         return tenant.to_string();
     }
-    if t.1.len() < t.0 {
-        t.1.push(tenant.to_string());
+    let Ok(mut t) = TENANTS.write() else {
+        return "other".into();
+    };
+    if t.1.contains(tenant) || t.1.len() < t.0 {
+        t.1.insert(tenant.to_string());
         return tenant.to_string();
     }
     "other".into()

@@ -711,3 +711,93 @@ async fn a_reload_turns_tenant_routing_on_and_off() {
     post_ok(&write, request(3_000)).await;
     assert_eq!(seen(3), [(None, 2)], "whole requests again");
 }
+
+/// (tenant header, series' `i` labels) of each request a backend accepted.
+type TenantRequests = Arc<Mutex<Vec<(Option<String>, Vec<String>)>>>;
+
+/// A backend answering `status`, recording what it accepts.
+async fn switchable_tenants(status: Arc<std::sync::atomic::AtomicU16>) -> (String, TenantRequests) {
+    let got: TenantRequests = Arc::default();
+    let g = got.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: Bytes| {
+            let (g, status) = (g.clone(), status.clone());
+            async move {
+                let s = status.load(std::sync::atomic::Ordering::SeqCst);
+                if s == 204 {
+                    let ids = decode(&body)
+                        .timeseries
+                        .iter()
+                        .flat_map(|t| t.labels.iter().filter(|l| l.name == "i"))
+                        .map(|l| l.value.clone())
+                        .collect();
+                    let tenant = headers
+                        .get("x-scope-orgid")
+                        .map(|v| v.to_str().unwrap().to_string());
+                    g.lock().unwrap().push((tenant, ids));
+                }
+                axum::http::StatusCode::from_u16(s).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/api/v1/write"), got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_requests_keep_their_tenant_when_a_reload_turns_routing_off() {
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let (url, got) = switchable_tenants(status.clone()).await;
+    let s = Served::start("tenant-queue", "derived: {enabled: false}\n", &[], &[]).await;
+    let dir = s.path("queue");
+    let config = |tenancy: &str| {
+        format!(
+            "derived: {{enabled: false}}\nbackends:\n  - url: {url}\n    queue: {{type: disk, dir: {}}}\n    tenancy: {tenancy}\n",
+            dir.display()
+        )
+    };
+    s.write_config(&config("{label: team}"));
+    assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
+    let request = |ts: i64| {
+        encode(&pb::WriteRequest {
+            timeseries: vec![
+                series(
+                    &[("__name__", "t_total"), ("i", "1"), ("team", "a")],
+                    &[(1.0, ts)],
+                ),
+                series(
+                    &[("__name__", "t_total"), ("i", "2"), ("team", "b")],
+                    &[(1.0, ts)],
+                ),
+            ],
+            ..Default::default()
+        })
+    };
+    post_ok(&s.url("/api/v1/write"), request(1_000)).await;
+    // Routing off: the backend changes, its successor replays the same directory.
+    s.write_config(&config("{enabled: false}"));
+    assert_eq!(s.sighup_and_wait().await.0, 1.0, "{}", s.logs());
+    status.store(204, std::sync::atomic::Ordering::SeqCst);
+    post_ok(&s.url("/api/v1/write"), request(2_000)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got.lock().unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "not delivered: {}", s.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen = got.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (None, vec!["1".to_string(), "2".to_string()]),
+            (Some("a".to_string()), vec!["1".to_string()]),
+            (Some("b".to_string()), vec!["2".to_string()]),
+        ],
+        "the queued tenant requests kept their tenant; the new request went whole"
+    );
+}

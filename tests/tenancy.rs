@@ -538,3 +538,59 @@ async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
     assert_eq!(tenants, ids(&["a", "anonymous", "b"]));
     proxy.shut_down().await;
 }
+
+#[tokio::test]
+async fn metadata_goes_with_its_tenants_series_and_alone_to_the_senders_tenant() {
+    let (url, rec) = any_version_backend().await;
+    let yaml = format!("listen: 127.0.0.1:0\ntenancy: {{}}\nbackends:\n  - url: {url}\n");
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let metadata = |family: &str| pb::MetricMetadata {
+        r#type: 1,
+        metric_family_name: family.into(),
+        help: format!("{family} help"),
+        unit: String::new(),
+    };
+    let mut headers = RW_HEADERS.to_vec();
+    headers.push(("X-Scope-OrgID", "sender"));
+    // Metadata alone, as Prometheus 1.0 sends it: to the sender's tenant.
+    let alone = encode(&pb::WriteRequest {
+        timeseries: vec![],
+        metadata: vec![metadata("a_total")],
+    });
+    assert_eq!(post(&proxy.url(), alone, &headers).await.status, 204);
+    // With series: each family's metadata to the tenants with its series only.
+    let mixed = encode(&pb::WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", "x_total"), ("tenant", "a")], &[(1.0, TS)]),
+            series(&[("__name__", "y_total"), ("tenant", "b")], &[(1.0, TS)]),
+        ],
+        metadata: vec![metadata("x"), metadata("y")],
+    });
+    assert_eq!(post(&proxy.url(), mixed, &headers).await.status, 204);
+    let mut got: Vec<(Option<String>, Vec<String>, usize)> = rec
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _, body)| {
+            let r = decode(body);
+            (
+                t.clone(),
+                r.metadata
+                    .into_iter()
+                    .map(|m| m.metric_family_name)
+                    .collect(),
+                r.timeseries.len(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (some("a"), vec!["x".to_string()], 1),
+            (some("b"), vec!["y".to_string()], 1),
+            (some("sender"), vec!["a_total".to_string()], 0),
+        ]
+    );
+    proxy.shut_down().await;
+}

@@ -104,6 +104,7 @@ impl Writer {
                 v1: None,
                 samples: chunk.len() as u64,
                 memory: None,
+                limit_tenants: false,
             };
             let routed = self.forwarder.route(
                 &mapped,

@@ -143,17 +143,17 @@ impl HttpBackend {
         for (k, v) in &self.settings.headers {
             h.insert(k.clone(), v.clone());
         }
-        // Tenant routing: the series' tenant; series without one keep the sender's
-        // tenant header (a queued request keeps its tenant that way too).
-        if let Some(t) = &self.tenancy {
-            match body.tenant {
-                Some(v) => {
-                    h.insert(t.header.clone(), v);
-                }
-                None => {
-                    if let Some(v) = incoming.get(&t.header) {
-                        h.insert(t.header.clone(), v.clone());
-                    }
+        // Tenant routing: the series' tenant (also a queued request's, whatever the
+        // tenancy settings are now); series without one keep the sender's tenant header.
+        match body.tenant {
+            Some(t) => {
+                h.insert(t.name, t.value);
+            }
+            None => {
+                if let Some(t) = &self.tenancy
+                    && let Some(v) = incoming.get(&t.header)
+                {
+                    h.insert(t.header.clone(), v.clone());
                 }
             }
         }

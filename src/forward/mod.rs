@@ -92,8 +92,8 @@ pub enum BackendProtocol {
 pub struct Encoded {
     pub body: Bytes,
     pub protocol: Protocol,
-    /// The tenant header's value (tenant routing).
-    pub tenant: Option<http::HeaderValue>,
+    /// The tenant header (tenant routing).
+    pub tenant: Option<TenantHeader>,
 }
 
 impl Encoded {
@@ -118,9 +118,18 @@ pub struct Payload {
     pub v2_series: usize,
     /// Samples (float and histogram) in the request, for a queue's counts.
     pub samples: u64,
-    /// The tenant these series belong to (tenant routing): the value of the backend's
-    /// tenant header. `None`: the sender's own tenant header, if it sent one.
-    pub tenant: Option<http::HeaderValue>,
+    /// The tenant these series belong to (tenant routing). `None`: the sender's own
+    /// tenant header, if it sent one and the backend routes by tenant.
+    pub tenant: Option<TenantHeader>,
+}
+
+/// The header that names a request's tenant, and its value. It travels with the request
+/// (into a queue's record too), so a queued request reaches its tenant whatever the
+/// backend's tenancy settings are when it is finally sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantHeader {
+    pub name: http::HeaderName,
+    pub value: http::HeaderValue,
 }
 
 impl Payload {

@@ -56,6 +56,10 @@ pub struct Mapped<'a> {
     pub samples: u64,
     /// Metadata remembered across requests, for 2.0 bodies.
     pub memory: Option<&'a RwLock<MetadataMemory>>,
+    /// Refuse more tenants than `max_tenants_per_request` (a sender's request); the
+    /// derived writer's batches have no sender to refuse and are split whatever their
+    /// number of tenants.
+    pub limit_tenants: bool,
 }
 
 /// Why a request could not be routed.
@@ -136,7 +140,11 @@ impl Routing {
                 label: opts.label.as_bytes(),
                 default: opts.default.as_deref().map(str::as_bytes),
                 keep_label: opts.keep_label,
-                max_tenants: opts.max_tenants_per_request,
+                max_tenants: if mapped.limit_tenants {
+                    opts.max_tenants_per_request
+                } else {
+                    usize::MAX
+                },
             };
             let tenants = match split_scratch.split(mapped.body, &split) {
                 Ok(b) => b,
@@ -160,7 +168,10 @@ impl Routing {
                         let shown = String::from_utf8_lossy(t).into_owned();
                         match HeaderValue::from_bytes(t) {
                             Ok(v) => {
-                                payload.tenant = Some(v);
+                                payload.tenant = Some(super::TenantHeader {
+                                    name: opts.header.clone(),
+                                    value: v,
+                                });
                                 (Some(shown), None)
                             }
                             Err(_) => {

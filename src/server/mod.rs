@@ -404,6 +404,7 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
                     v1: input.v1,
                     samples: forwarded,
                     memory: Some(st.pipeline.metadata_memory()),
+                    limit_tenants: true,
                 };
                 let routed =
                     st.forwarder

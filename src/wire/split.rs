@@ -1,7 +1,10 @@
 //! Splitting a mapped 1.0 request by tenant (tenant routing, `forward::route`): one pass over the series of the mapped body into one body per
 //! value of a tenant label, without re-decoding anything but each series' labels.
 //! Buffers are reused across requests, so a warm split allocates nothing per sample.
-//! Metadata entries go to every tenant's body (they describe families, not series).
+//! A metadata entry goes to the tenants that have a series of its family in the request
+//! (never to the others: a family's help text is one tenant's business); an entry whose
+//! family has no series in the request (Prometheus 1.0 sends metadata in requests of
+//! their own) goes to the body of series without a tenant (`default`, or the sender's).
 
 use std::hash::{BuildHasher, Hasher};
 
@@ -60,7 +63,23 @@ pub struct TenantSplit {
     index: AHashMap<u64, u32>,
     hasher: ahash::RandomState,
     series_buf: Vec<u8>,
+    /// (hash of a family a series may belong to, tenant body), sorted and deduplicated
+    /// before metadata is placed; the family's bytes at `family_spans[i]`.
+    families: Vec<(u64, u32, u32, u32)>,
+    /// Tenant bodies a metadata entry goes to.
+    targets: Vec<u32>,
 }
+
+/// Suffixes a series name can add to its family's name (`_total` of a counter, the
+/// series of histograms and summaries).
+const FAMILY_SUFFIXES: [&[u8]; 6] = [
+    b"_total",
+    b"_bucket",
+    b"_count",
+    b"_sum",
+    b"_created",
+    b"_info",
+];
 
 const NO_TENANT_KEY: u64 = u64::MAX;
 
@@ -82,9 +101,15 @@ impl TenantSplit {
             None => NO_TENANT_KEY,
         };
         if let Some(&i) = self.index.get(&key) {
-            let b = &self.bodies[i as usize];
-            if b.tenant() == tenant {
+            if self.bodies[i as usize].tenant() == tenant {
                 return Ok(i as usize);
+            }
+            // Two tenants with one hash (rare): find it the slow way.
+            if let Some(j) = self.bodies[..self.used]
+                .iter()
+                .position(|b| b.tenant() == tenant)
+            {
+                return Ok(j);
             }
         }
         // Distinct tenants (the body without one does not count).
@@ -113,18 +138,16 @@ impl TenantSplit {
         Ok(i)
     }
 
-    /// Bytes held by the largest tenant body.
+    /// Bytes held by all tenant bodies together (a workspace that held many large ones
+    /// is freed rather than pooled).
     pub fn retained_bytes(&self) -> usize {
-        self.bodies
-            .iter()
-            .map(|b| b.body.capacity())
-            .max()
-            .unwrap_or(0)
-            .max(self.series_buf.capacity())
+        self.bodies.iter().map(|b| b.body.capacity()).sum::<usize>()
+            + self.series_buf.capacity()
+            + self.families.capacity() * std::mem::size_of::<(u64, u32, u32, u32)>()
     }
 
     /// Splits `v1` (a mapped 1.0 request) by tenant; returns one body per tenant, in the
-    /// order tenants first appear. A request without series yields no body.
+    /// order tenants first appear. A request without series or metadata yields no body.
     pub fn split(
         &mut self,
         v1: &[u8],
@@ -132,6 +155,15 @@ impl TenantSplit {
     ) -> Result<&[TenantBody], SplitError> {
         self.used = 0;
         self.index.clear();
+        self.families.clear();
+        // Families are recorded only when there is metadata to place.
+        let mut has_metadata = false;
+        let mut r = Reader::new(v1, 0, v1.len());
+        while !r.is_done() {
+            let (field, wire) = r.key()?;
+            r.skip(wire)?;
+            has_metadata |= field == 3;
+        }
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -143,6 +175,7 @@ impl TenantSplit {
             // The tenant label, and where it sits in the series.
             let mut tenant: Option<(usize, usize)> = None;
             let mut label_at: Option<(usize, usize)> = None;
+            let mut metric_name: Bounds = (s, s);
             let mut samples = 0u64;
             let mut sr = Reader::new(v1, s, e);
             while !sr.is_done() {
@@ -151,9 +184,12 @@ impl TenantSplit {
                 if f == 1 && w == WIRE_LEN {
                     let (ls, le) = sr.len_delimited()?;
                     let (name, value) = label(v1, ls, le)?;
-                    if &v1[name.0..name.1] == opts.label {
+                    let name = &v1[name.0..name.1];
+                    if name == opts.label {
                         tenant = Some(value);
                         label_at = Some((from, sr.pos()));
+                    } else if name == b"__name__" {
+                        metric_name = value;
                     }
                 } else {
                     samples += u64::from(f == 2 || f == 4);
@@ -165,6 +201,9 @@ impl TenantSplit {
                 .filter(|t| !t.is_empty())
                 .or(opts.default);
             let i = self.body_for(name, opts.max_tenants)?;
+            if has_metadata {
+                self.note_families(v1, metric_name, i as u32);
+            }
             let body = &mut self.bodies[i];
             body.series += 1;
             body.samples += samples;
@@ -178,22 +217,88 @@ impl TenantSplit {
                 _ => put_bytes_field(&mut body.body, 1, &v1[s..e]),
             }
         }
-        // Metadata to every tenant.
-        if self.used > 0 {
-            let mut r = Reader::new(v1, 0, v1.len());
-            while !r.is_done() {
-                let from = r.pos();
-                let (field, wire) = r.key()?;
-                r.skip(wire)?;
-                if field == 3 {
-                    for b in &mut self.bodies[..self.used] {
-                        b.body.extend_from_slice(&v1[from..r.pos()]);
-                    }
-                }
-            }
+        if has_metadata {
+            self.place_metadata(v1, opts)?;
         }
         Ok(&self.bodies[..self.used])
     }
+
+    /// Records the families series `name` of tenant body `tenant` may belong to.
+    fn note_families(&mut self, v1: &[u8], name: Bounds, tenant: u32) {
+        let full = &v1[name.0..name.1];
+        if full.is_empty() {
+            return;
+        }
+        let mut note = |family: &[u8]| {
+            let h = self.hasher.hash_one(family);
+            self.families
+                .push((h, tenant, name.0 as u32, (name.0 + family.len()) as u32));
+        };
+        note(full);
+        for suffix in FAMILY_SUFFIXES {
+            if let Some(family) = full.strip_suffix(suffix)
+                && !family.is_empty()
+            {
+                note(family);
+            }
+        }
+    }
+
+    /// Appends each metadata entry to the bodies of the tenants with a series of its
+    /// family, or to the body without a tenant when no series of it is here.
+    fn place_metadata(&mut self, v1: &[u8], opts: &SplitOptions<'_>) -> Result<(), SplitError> {
+        self.families.sort_unstable_by_key(|f| (f.0, f.1));
+        self.families.dedup_by_key(|f| (f.0, f.1));
+        let mut r = Reader::new(v1, 0, v1.len());
+        while !r.is_done() {
+            let from = r.pos();
+            let (field, wire) = r.key()?;
+            if field != 3 || wire != WIRE_LEN {
+                r.skip(wire)?;
+                continue;
+            }
+            let (s, e) = r.len_delimited()?;
+            let entry = from..r.pos();
+            let family = metadata_family(v1, s, e)?;
+            let family = &v1[family.0..family.1];
+            let h = self.hasher.hash_one(family);
+            self.targets.clear();
+            let first = self.families.partition_point(|f| f.0 < h);
+            for f in &self.families[first..] {
+                if f.0 != h {
+                    break;
+                }
+                if &v1[f.2 as usize..f.3 as usize] == family {
+                    self.targets.push(f.1);
+                }
+            }
+            if self.targets.is_empty() {
+                let i = self.body_for(opts.default, opts.max_tenants)?;
+                self.targets.push(i as u32);
+            }
+            for &t in &self.targets {
+                self.bodies[t as usize]
+                    .body
+                    .extend_from_slice(&v1[entry.clone()]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The family name (field 2) of a `MetricMetadata` entry.
+fn metadata_family(buf: &[u8], start: usize, end: usize) -> Result<Bounds, DecodeError> {
+    let mut family = (start, start);
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let (f, w) = r.key()?;
+        if f == 2 && w == WIRE_LEN {
+            family = r.len_delimited()?;
+        } else {
+            r.skip(w)?;
+        }
+    }
+    Ok(family)
 }
 
 fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
@@ -285,6 +390,56 @@ mod tests {
                 assert_eq!(r.metadata.len(), 1, "metadata to every tenant");
             }
         }
+    }
+
+    #[test]
+    fn metadata_goes_to_the_tenants_of_its_family_only() {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for (name, tenant) in [("a_total", "x"), ("b_bucket", "y"), ("a_total", "z")] {
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"__name__", name.as_bytes());
+            w.label(b"tenant", tenant.as_bytes());
+            w.sample(1f64.to_bits(), 1000);
+            w.finish(&mut out);
+        }
+        write_metadata(&mut out, 1, b"a", b"A.", b"");
+        write_metadata(&mut out, 4, b"b", b"B.", b"");
+        write_metadata(&mut out, 2, b"elsewhere", b"E.", b"");
+        let mut split = TenantSplit::new();
+        for round in 0..2 {
+            let bodies = split.split(&out, &opts(Some(b"anon"), false, 10)).unwrap();
+            let got: Vec<(Option<String>, Vec<String>)> = bodies
+                .iter()
+                .map(decoded)
+                .map(|(t, r)| {
+                    let mut f: Vec<String> = r
+                        .metadata
+                        .into_iter()
+                        .map(|m| m.metric_family_name)
+                        .collect();
+                    f.sort();
+                    (t, f)
+                })
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    (Some("x".into()), vec!["a".to_string()]),
+                    (Some("y".into()), vec!["b".to_string()]),
+                    (Some("z".into()), vec!["a".to_string()]),
+                    (Some("anon".into()), vec!["elsewhere".to_string()]),
+                ],
+                "round {round}"
+            );
+        }
+        // Metadata alone (as Prometheus 1.0 sends it): to the body without a tenant.
+        let mut only = Vec::new();
+        write_metadata(&mut only, 1, b"a", b"A.", b"");
+        let bodies = split.split(&only, &opts(None, false, 10)).unwrap();
+        assert_eq!(bodies.len(), 1);
+        let (t, r) = decoded(&bodies[0]);
+        assert_eq!((t, r.metadata.len(), r.timeseries.len()), (None, 1, 0));
     }
 
     #[test]

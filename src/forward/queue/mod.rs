@@ -185,11 +185,20 @@ impl QueuedSink {
         payload: &Payload,
         incoming: &HeaderMap,
     ) -> Vec<(HeaderName, HeaderValue)> {
-        let tenant_header = self.inner.tenancy().map(|t| &t.header);
+        // The payload's tenant, else (routing on) the sender's.
+        let tenant: Option<(HeaderName, HeaderValue)> = match &payload.tenant {
+            Some(t) => Some((t.name.clone(), t.value.clone())),
+            None => self.inner.tenancy().and_then(|t| {
+                incoming
+                    .get(&t.header)
+                    .map(|v| (t.header.clone(), v.clone()))
+            }),
+        };
+        let tenant_name = tenant.as_ref().map(|(n, _)| n);
         let mut out: Vec<(HeaderName, HeaderValue)> = self
             .pass
             .iter()
-            .filter(|n| Some(*n) != tenant_header)
+            .filter(|n| Some(*n) != tenant_name)
             .flat_map(|n| {
                 incoming
                     .get_all(n)
@@ -197,11 +206,14 @@ impl QueuedSink {
                     .map(move |v| (n.clone(), v.clone()))
             })
             .collect();
-        if let Some(h) = tenant_header {
-            let tenant = payload.tenant.as_ref().or_else(|| incoming.get(h));
-            if let Some(v) = tenant {
-                out.push((h.clone(), v.clone()));
-            }
+        if let Some((name, value)) = tenant
+            && let Ok(marker) = HeaderValue::from_str(name.as_str())
+        {
+            out.push((name, value));
+            out.push((
+                HeaderName::from_static(record::TENANT_HEADER_MARKER),
+                marker,
+            ));
         }
         out
     }
@@ -324,7 +336,7 @@ impl QueuedSink {
         // One tenant's request stays whole, in its tenant's shard: a tenant the backend
         // throttles holds up only the tenants that share its shard.
         if let Some(t) = &payload.tenant {
-            let shard = (crate::wire::shard::fnv1a(t.as_bytes()) % n as u64) as usize;
+            let shard = (crate::wire::shard::fnv1a(t.value.as_bytes()) % n as u64) as usize;
             return Ok(vec![(shard, payload.v1.clone(), None, payload.samples)]);
         }
         let raw = snap::raw::Decoder::new()

@@ -3,12 +3,17 @@
 //! disk a record is framed as `[u32 payload length][u32 CRC-32 of the payload][payload]`,
 //! little endian; the payload is `[u8 format version][u64 queued ms][u64 samples][u8 flags]
 //! [u32 2.0 series][u32 headers]{[u32 len][name][u32 len][value]}[u32 1.0 length][1.0 body]
-//! [2.0 body]`.
+//! [2.0 body]`. A tenant-routed record also keeps its tenant header, and a pseudo-header
+//! [`TENANT_HEADER_MARKER`] whose value names it.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::forward::Payload;
+use crate::forward::{Payload, TenantHeader};
+
+/// Among a record's headers: names the header that carries the record's tenant (never
+/// sent; not a valid header for a sender to pass through).
+pub const TENANT_HEADER_MARKER: &str = "promnorm-tenant-header";
 
 #[derive(Clone, Debug)]
 pub struct Record {
@@ -17,7 +22,8 @@ pub struct Record {
     /// The 2.0 body, when the backend took 2.0 at queueing time.
     pub v2: Option<Bytes>,
     pub v2_series: u32,
-    /// Sender headers this backend passes through (e.g. `X-Scope-OrgID`).
+    /// Sender headers this backend passes through (e.g. `X-Scope-OrgID`), and the
+    /// tenant header with its marker.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Samples (float and histogram) in the body.
     pub samples: u64,
@@ -53,15 +59,32 @@ impl Record {
             v2: self.v2.clone(),
             v2_series: self.v2_series as usize,
             samples: self.samples,
-            // The tenant, with tenant routing, is in `headers`.
-            tenant: None,
+            tenant: self.tenant(),
         }
     }
 
+    /// The tenant header the record was queued with: the header [`TENANT_HEADER_MARKER`]
+    /// names, among the record's headers.
+    fn tenant(&self) -> Option<TenantHeader> {
+        let (_, named) = self
+            .headers
+            .iter()
+            .find(|(k, _)| k.as_str() == TENANT_HEADER_MARKER)?;
+        let name = HeaderName::from_bytes(named.as_bytes()).ok()?;
+        let (_, value) = self.headers.iter().find(|(k, _)| *k == name)?;
+        Some(TenantHeader {
+            name,
+            value: value.clone(),
+        })
+    }
+
+    /// The sender's headers the record keeps (the tenant marker is not one of them).
     pub fn header_map(&self) -> HeaderMap {
         let mut m = HeaderMap::with_capacity(self.headers.len());
         for (k, v) in &self.headers {
-            m.append(k.clone(), v.clone());
+            if k.as_str() != TENANT_HEADER_MARKER {
+                m.append(k.clone(), v.clone());
+            }
         }
         m
     }
