@@ -102,6 +102,24 @@ pub struct V2Encoder {
     md_by_name: Vec<u32>,
     /// (type, help symbol, unit symbol).
     md_found: Vec<(i32, u32, u32)>,
+    /// The previous series' labels: (span of the encoded `Label` in the mapped body, name
+    /// symbol, value symbol). Consecutive series mostly share their labels (one family,
+    /// one target): a label equal byte for byte at the same position reuses its symbols
+    /// without hashing. `labels_now` is being filled for the current series.
+    labels_before: Vec<LabelSeen>,
+    labels_now: Vec<LabelSeen>,
+}
+
+/// A label of the previous series (see `V2Encoder::labels_before`).
+#[derive(Clone, Copy, Debug)]
+struct LabelSeen {
+    /// The encoded `Label` in the mapped body.
+    span: ByteRange,
+    name_ref: u32,
+    value_ref: u32,
+    /// The value in the mapped body.
+    value: ByteRange,
+    is_name: bool,
 }
 
 impl V2Encoder {
@@ -198,6 +216,7 @@ impl V2Encoder {
         self.md_index.clear();
         self.md_by_name.clear();
         self.md_found.clear();
+        self.labels_before.clear();
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
@@ -379,6 +398,7 @@ impl V2Encoder {
         memory: Option<&MetadataMemory>,
     ) -> Result<(), DecodeError> {
         self.refs.clear();
+        self.labels_now.clear();
         let mut name: (u32, u32) = (0, 0);
         let mut name_ref: Option<u32> = None;
         let mut r = Reader::new(buf, start, end);
@@ -386,19 +406,37 @@ impl V2Encoder {
             let (field, wire) = r.key()?;
             if field == 1 && wire == WIRE_LEN {
                 let (s, e) = r.len_delimited()?;
-                let (n, v) = read_label(buf, s, e)?;
-                let nr = self.symbol(slice(buf, n));
-                let vr = self.symbol(slice(buf, v));
-                if slice(buf, n) == b"__name__" {
-                    name = v;
-                    name_ref = Some(vr);
+                let span = (s as u32, e as u32);
+                let k = self.labels_now.len();
+                let seen = match self.labels_before.get(k) {
+                    Some(before) if slice(buf, before.span) == slice(buf, span) => LabelSeen {
+                        span,
+                        ..*before
+                    },
+                    _ => {
+                        let (n, v) = read_label(buf, s, e)?;
+                        LabelSeen {
+                            span,
+                            name_ref: self.symbol(slice(buf, n)),
+                            value_ref: self.symbol(slice(buf, v)),
+                            value: v,
+                            is_name: slice(buf, n) == b"__name__",
+                        }
+                    }
+                };
+                if seen.is_name {
+                    name = seen.value;
+                    name_ref = Some(seen.value_ref);
                 }
+                self.labels_now.push(seen);
+                let (nr, vr) = (seen.name_ref, seen.value_ref);
                 self.refs.push(nr);
                 self.refs.push(vr);
             } else {
                 r.skip(wire)?;
             }
         }
+        std::mem::swap(&mut self.labels_before, &mut self.labels_now);
         let mut body = std::mem::take(&mut self.series_buf);
         body.clear();
         put_packed(&mut body, 1, &self.refs);
