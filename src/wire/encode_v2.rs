@@ -409,10 +409,9 @@ impl V2Encoder {
                 let span = (s as u32, e as u32);
                 let k = self.labels_now.len();
                 let seen = match self.labels_before.get(k) {
-                    Some(before) if slice(buf, before.span) == slice(buf, span) => LabelSeen {
-                        span,
-                        ..*before
-                    },
+                    Some(before) if slice(buf, before.span) == slice(buf, span) => {
+                        LabelSeen { span, ..*before }
+                    }
                     _ => {
                         let (n, v) = read_label(buf, s, e)?;
                         LabelSeen {
