@@ -194,11 +194,7 @@ async fn derived_aware_backend(answer: fn(bool, &[(bool, u16)]) -> u16) -> (Stri
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), answers)
 }
 

@@ -59,11 +59,7 @@ async fn switchable_backend(status: Arc<AtomicU16>) -> (String, Received) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), received)
 }
 
@@ -79,12 +75,7 @@ async fn target() -> std::net::SocketAddr {
             text
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    addr
+    common::serve(app).await
 }
 
 async fn get_status(url: &str) -> u16 {

@@ -518,11 +518,7 @@ async fn a_rejected_request_is_dropped_and_counted_and_the_rest_flow() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let backend = common::serve(app).await;
     let mut proxy = promnorm(
         &dir,
         &format!(

@@ -252,12 +252,7 @@ async fn target() -> std::net::SocketAddr {
             exposition(3600.0 + start.elapsed().as_secs_f64())
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    addr
+    common::serve(app).await
 }
 
 /// Starts Prometheus with `config` on `port`; a receiver accepts remote writes.

@@ -93,11 +93,7 @@ async fn gateway(receivers: BTreeMap<String, String>) -> (String, Arc<Mutex<Vec<
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/push"), seen)
 }
 

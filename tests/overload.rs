@@ -92,11 +92,7 @@ async fn slow_backend(delay: Duration) -> (String, Arc<AtomicUsize>) {
             }),
         )
         .layer(axum::extract::DefaultBodyLimit::disable());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), n)
 }
 

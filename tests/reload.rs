@@ -596,11 +596,7 @@ async fn switchable(status: Arc<std::sync::atomic::AtomicU16>) -> (String, Arc<M
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), got)
 }
 
@@ -741,11 +737,7 @@ async fn switchable_tenants(status: Arc<std::sync::atomic::AtomicU16>) -> (Strin
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), got)
 }
 

@@ -937,11 +937,7 @@ async fn versioned_backend(v2_status: StatusCode, confirm: bool) -> (String, V2R
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), rec)
 }
 

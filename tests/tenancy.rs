@@ -82,11 +82,7 @@ async fn tenant_backend(
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), log)
 }
 
@@ -448,11 +444,7 @@ async fn any_version_backend() -> (String, Bodies) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (format!("http://{addr}/api/v1/write"), rec)
 }
 

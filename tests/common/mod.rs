@@ -98,6 +98,16 @@ impl Recorded {
     }
 }
 
+/// Serves `app` on a free port of 127.0.0.1 until the test ends.
+pub async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
 /// Starts a fake remote-write backend on a free port; returns its write URL.
 pub async fn fake_backend(reply: Reply) -> (String, Recorded) {
     let rec = Recorded::default();
@@ -120,11 +130,7 @@ pub async fn fake_backend(reply: Reply) -> (String, Recorded) {
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = serve(app).await;
     (format!("http://{addr}/api/v1/write"), rec)
 }
 

@@ -104,10 +104,5 @@ pub async fn serve_exposition(text: String) -> std::net::SocketAddr {
             async move { (*t).clone() }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    addr
+    super::serve(app).await
 }
