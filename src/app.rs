@@ -328,13 +328,13 @@ fn tenancy_options(t: &TenancyConfig, backend: &str) -> Result<TenancyOptions, B
 }
 
 /// The HTTP backends of a configuration.
-pub fn backends(cfg: &Config) -> Result<Vec<Box<dyn Sink>>, BuildError> {
-    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+pub fn backends(cfg: &Config) -> Result<Vec<Arc<dyn Sink>>, BuildError> {
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
         let http = HttpBackend::new(backend_options(b, i, cfg.tenancy.as_ref())?)?;
         match queue_options(&b.queue, cfg.server.throttle_status) {
-            None => sinks.push(Box::new(http)),
-            Some(q) => sinks.push(Box::new(QueuedSink::new(Arc::new(http), q))),
+            None => sinks.push(Arc::new(http)),
+            Some(q) => sinks.push(Arc::new(QueuedSink::new(Arc::new(http), q))),
         }
     }
     Ok(sinks)

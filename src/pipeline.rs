@@ -111,17 +111,6 @@ impl Workspace {
         &self.v2_raw
     }
 
-    /// The mapped output of the last request, uncompressed (it may carry 2.0's start
-    /// timestamps: see [`Workspace::has_start_timestamps`]).
-    pub fn mapped(&self) -> &[u8] {
-        &self.encoded
-    }
-
-    /// True when the mapped output carries start timestamps, which 1.0 bodies drop.
-    pub fn has_start_timestamps(&self) -> bool {
-        self.decoded.has_start_timestamps
-    }
-
     /// The decompressed input of the last request.
     pub fn input(&self) -> &[u8] {
         &self.raw[..self.raw_len]

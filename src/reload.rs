@@ -24,8 +24,8 @@ use std::time::Duration;
 use crate::app::{Assemble, BuildError, backend_options, queue_options, server_options};
 use crate::config::{BackendConfig, Config, ConfigError, LogFormat, yaml};
 use crate::derive::DeriveSettings;
-use crate::forward::queue::{QueueOptions, QueueState, QueuedSink};
-use crate::forward::{BackendOptions, Forwarder, HttpBackend, Outcome, Payload, SendFuture, Sink};
+use crate::forward::queue::{QueueOptions, QueuedSink};
+use crate::forward::{BackendOptions, Forwarder, HttpBackend, Sink};
 use crate::server::{AppState, Live, ReloadHook};
 use crate::telemetry;
 
@@ -73,56 +73,6 @@ struct Backend {
     /// The CA file's contents: a renewed CA file is a changed backend.
     ca: Option<Vec<u8>>,
     sink: Arc<dyn Sink>,
-}
-
-/// One backend shared by the forwarders of several configurations.
-struct SharedSink(Arc<dyn Sink>);
-
-impl Sink for SharedSink {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn send<'a>(&'a self, body: Payload, incoming: &'a http::HeaderMap) -> SendFuture<'a> {
-        self.0.send(body, incoming)
-    }
-    fn wants_v2(&self) -> bool {
-        self.0.wants_v2()
-    }
-    fn pass_headers(&self) -> &[http::HeaderName] {
-        self.0.pass_headers()
-    }
-    fn tenancy(&self) -> Option<&crate::forward::TenancyOptions> {
-        self.0.tenancy()
-    }
-    fn needs_v1(&self) -> bool {
-        self.0.needs_v1()
-    }
-    fn start(&self) -> Result<(), String> {
-        self.0.start()
-    }
-    fn stop<'a>(
-        &'a self,
-        within: Duration,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        self.0.stop(within)
-    }
-    fn queue_state(&self) -> Option<QueueState> {
-        self.0.queue_state()
-    }
-    fn reserve(&self, payload: &Payload, incoming: &http::HeaderMap) -> Result<u64, Outcome> {
-        self.0.reserve(payload, incoming)
-    }
-    fn unreserve(&self, reserved: u64) {
-        self.0.unreserve(reserved)
-    }
-    fn send_reserved<'a>(
-        &'a self,
-        payload: Payload,
-        incoming: &'a http::HeaderMap,
-        reserved: u64,
-    ) -> SendFuture<'a> {
-        self.0.send_reserved(payload, incoming, reserved)
-    }
 }
 
 /// What the running configuration was built from.
@@ -178,12 +128,8 @@ fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildEr
 }
 
 fn forwarder(backends: &[Backend]) -> Forwarder {
-    Forwarder::new(
-        backends
-            .iter()
-            .map(|b| Box::new(SharedSink(b.sink.clone())) as Box<dyn Sink>)
-            .collect(),
-    )
+    // The same sinks serve every configuration that keeps them.
+    Forwarder::new(backends.iter().map(|b| b.sink.clone()).collect())
 }
 
 fn yaml_text<T: serde::Serialize>(v: &T) -> Result<String, ConfigError> {

@@ -7,10 +7,9 @@ mod common;
 #[path = "support/rw2.rs"]
 mod rw2;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use common::{
     HttpReply, RW_HEADERS, Reply, decode, encode, fake_backend, get, post, series, start_proxy,
@@ -893,52 +892,10 @@ async fn failed_forwarding_answers_without_written_headers() {
 
 // ---- 2.0 backends and `protocol: auto` ----
 
-type V2Recorded = Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
-
 /// A backend that speaks 2.0: answers 204 with the written headers to 2.0 requests and
 /// 204 to 1.0 requests.
 async fn v2_backend() -> (String, V2Recorded) {
     versioned_backend(StatusCode::NO_CONTENT, true).await
-}
-
-/// A backend answering 2.0 requests with `v2_status` (and the written headers when
-/// `confirm`), 1.0 requests with 204.
-async fn versioned_backend(v2_status: StatusCode, confirm: bool) -> (String, V2Recorded) {
-    let rec: V2Recorded = Arc::default();
-    let rec2 = rec.clone();
-    let app = axum::Router::new().route(
-        "/api/v1/write",
-        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
-            let rec = rec2.clone();
-            async move {
-                let is_v2 = headers
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.contains("io.prometheus.write.v2.Request"));
-                rec.lock().unwrap().push((headers, body.to_vec()));
-                let mut resp = axum::response::Response::new(axum::body::Body::empty());
-                if is_v2 {
-                    *resp.status_mut() = v2_status;
-                    if confirm {
-                        let req = decode_v2(&body);
-                        let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
-                        let h = resp.headers_mut();
-                        h.insert(
-                            "x-prometheus-remote-write-samples-written",
-                            n.to_string().parse().unwrap(),
-                        );
-                        h.insert("x-prometheus-remote-write-histograms-written", 0.into());
-                        h.insert("x-prometheus-remote-write-exemplars-written", 0.into());
-                    }
-                } else {
-                    *resp.status_mut() = StatusCode::NO_CONTENT;
-                }
-                resp
-            }
-        }),
-    );
-    let addr = common::serve(app).await;
-    (format!("http://{addr}/api/v1/write"), rec)
 }
 
 fn backend_yaml(url: &str, protocol: &str) -> String {

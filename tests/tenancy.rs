@@ -412,40 +412,26 @@ async fn derived_series_go_to_their_inputs_tenant() {
     proxy.shut_down().await;
 }
 
-/// (tenant header, content type, body) of each request a backend received.
-type Bodies = Arc<Mutex<Vec<(Option<String>, String, Vec<u8>)>>>;
+/// A backend taking 1.0 and 2.0 (confirming 2.0 with the written headers); records
+/// (tenant header, content type, body) of each request.
+async fn any_version_backend() -> (String, rw2::V2Recorded) {
+    rw2::versioned_backend(axum::http::StatusCode::NO_CONTENT, true).await
+}
 
-/// A backend taking 1.0 and 2.0 (confirming 2.0 with the written headers).
-async fn any_version_backend() -> (String, Bodies) {
-    let rec: Bodies = Arc::default();
-    let rec2 = rec.clone();
-    let app = axum::Router::new().route(
-        "/api/v1/write",
-        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
-            let rec = rec2.clone();
-            async move {
-                let h = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_string());
-                let ct = h("content-type").unwrap_or_default();
-                rec.lock()
-                    .unwrap()
-                    .push((h("x-scope-orgid"), ct.clone(), body.to_vec()));
-                let mut resp = axum::response::Response::new(axum::body::Body::empty());
-                *resp.status_mut() = axum::http::StatusCode::NO_CONTENT;
-                if ct.contains("io.prometheus.write.v2.Request") {
-                    for n in [
-                        "x-prometheus-remote-write-samples-written",
-                        "x-prometheus-remote-write-histograms-written",
-                        "x-prometheus-remote-write-exemplars-written",
-                    ] {
-                        resp.headers_mut().insert(n, 0.into());
-                    }
-                }
-                resp
-            }
-        }),
-    );
-    let addr = common::serve(app).await;
-    (format!("http://{addr}/api/v1/write"), rec)
+/// (tenant header, content type, body) of what `rec` received.
+fn bodies(rec: &rw2::V2Recorded) -> Vec<(Option<String>, String, Vec<u8>)> {
+    let h = |m: &HeaderMap, n: &str| m.get(n).map(|v| v.to_str().unwrap().to_string());
+    rec.lock()
+        .unwrap()
+        .iter()
+        .map(|(m, body)| {
+            (
+                h(m, "x-scope-orgid"),
+                h(m, "content-type").unwrap_or_default(),
+                body.clone(),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -494,7 +480,7 @@ async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
         _ => "2",
     };
     // The 1.0 backend: one 1.0 request per tenant, start timestamps dropped.
-    let got = one_rec.lock().unwrap().clone();
+    let got = bodies(&one_rec);
     assert_eq!(got.len(), 3);
     for (tenant, ct, body) in &got {
         assert_eq!(ct, "application/x-protobuf");
@@ -510,7 +496,7 @@ async fn a_2_0_sender_is_routed_to_1_0_and_2_0_backends() {
         assert_eq!(canon[0].samples, [(3f64.to_bits(), TS, 0)]);
     }
     // The 2.0 backend: one 2.0 request per tenant, start timestamps kept.
-    let got = two_rec.lock().unwrap().clone();
+    let got = bodies(&two_rec);
     assert_eq!(got.len(), 3);
     let mut tenants = BTreeSet::new();
     for (tenant, ct, body) in &got {
@@ -559,9 +545,7 @@ async fn metadata_goes_with_its_tenants_series_and_alone_to_the_senders_tenant()
         metadata: vec![metadata("x"), metadata("y")],
     });
     assert_eq!(post(&proxy.url(), mixed, &headers).await.status, 204);
-    let mut got: Vec<(Option<String>, Vec<String>, usize)> = rec
-        .lock()
-        .unwrap()
+    let mut got: Vec<(Option<String>, Vec<String>, usize)> = bodies(&rec)
         .iter()
         .map(|(t, _, body)| {
             let r = decode(body);

@@ -317,12 +317,13 @@ pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
 
 /// Fans a body out to every sink and combines the outcomes.
 pub struct Forwarder {
-    sinks: Vec<Box<dyn Sink>>,
+    /// Shared: a reload's new forwarder keeps the sinks whose settings did not change.
+    sinks: Vec<std::sync::Arc<dyn Sink>>,
     routing: Routing,
 }
 
 impl Forwarder {
-    pub fn new(sinks: Vec<Box<dyn Sink>>) -> Self {
+    pub fn new(sinks: Vec<std::sync::Arc<dyn Sink>>) -> Self {
         let routing = Routing::new(&sinks);
         Forwarder { sinks, routing }
     }
@@ -338,11 +339,6 @@ impl Forwarder {
 
     pub fn is_empty(&self) -> bool {
         self.sinks.is_empty()
-    }
-
-    /// True when some sink takes 2.0 now: the request path then encodes a 2.0 body too.
-    pub fn wants_v2(&self) -> bool {
-        self.sinks.iter().any(|s| s.wants_v2())
     }
 
     /// True when the request path should compress the whole request as 1.0: some sink
@@ -382,19 +378,6 @@ impl Forwarder {
             }
         });
         join_all(futs).await
-    }
-
-    /// Sends `body` to every sink at once (see [`Forwarder::send_routed`]).
-    pub async fn send_all(&self, body: Payload, incoming: &HeaderMap) -> Vec<Outcome> {
-        let deliveries: Vec<Delivery> = (0..self.sinks.len())
-            .map(|sink| Delivery {
-                sink,
-                payload: body.clone(),
-                tenant: None,
-                refused: None,
-            })
-            .collect();
-        self.send_routed(&deliveries, incoming).await
     }
 
     /// Sends every delivery at once; returns each outcome in order. Queued sinks first

@@ -3,7 +3,7 @@
 //! one split of the mapped body by the tenant label's value ([`crate::wire::split`]):
 //! one payload per tenant, carrying the tenant for the backend's tenant header.
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -83,7 +83,7 @@ pub struct Routing {
 }
 
 impl Routing {
-    pub fn new(sinks: &[Box<dyn Sink>]) -> Routing {
+    pub fn new(sinks: &[Arc<dyn Sink>]) -> Routing {
         let mut r = Routing::default();
         for (i, s) in sinks.iter().enumerate() {
             match s.tenancy() {
@@ -99,7 +99,7 @@ impl Routing {
 
     /// True when some sink takes the request's whole body (no tenancy) and may send it
     /// as 1.0: the pipeline then compresses the 1.0 body once for all of them.
-    pub fn plain_needs_v1(&self, sinks: &[Box<dyn Sink>]) -> bool {
+    pub fn plain_needs_v1(&self, sinks: &[Arc<dyn Sink>]) -> bool {
         self.plain.iter().any(|&i| sinks[i].needs_v1())
     }
 
@@ -107,7 +107,7 @@ impl Routing {
     /// get the same body; sinks with tenancy get one body per tenant of the request.
     pub fn route(
         &self,
-        sinks: &[Box<dyn Sink>],
+        sinks: &[Arc<dyn Sink>],
         mapped: &Mapped<'_>,
         split_scratch: &mut TenantSplit,
         bodies: &mut BodyEncoder,

@@ -5,6 +5,10 @@
 
 use std::collections::HashMap;
 
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
 use promnorm::wire::proto::prometheus as pb;
 use promnorm::wire::proto::write_v2 as v2;
 use prost::Message;
@@ -363,4 +367,47 @@ pub fn float_histogram(ts: i64) -> v2::Histogram {
         timestamp: ts,
         ..Default::default()
     }
+}
+
+/// What a test backend received: each request's headers and body.
+pub type V2Recorded = Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
+
+/// A backend answering 2.0 requests with `v2_status` (and the written headers when
+/// `confirm`), 1.0 requests with 204.
+pub async fn versioned_backend(v2_status: StatusCode, confirm: bool) -> (String, V2Recorded) {
+    let rec: V2Recorded = Arc::default();
+    let rec2 = rec.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let rec = rec2.clone();
+            async move {
+                let is_v2 = headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("io.prometheus.write.v2.Request"));
+                rec.lock().unwrap().push((headers, body.to_vec()));
+                let mut resp = axum::response::Response::new(axum::body::Body::empty());
+                if is_v2 {
+                    *resp.status_mut() = v2_status;
+                    if confirm {
+                        let req = decode_v2(&body);
+                        let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+                        let h = resp.headers_mut();
+                        h.insert(
+                            "x-prometheus-remote-write-samples-written",
+                            n.to_string().parse().unwrap(),
+                        );
+                        h.insert("x-prometheus-remote-write-histograms-written", 0.into());
+                        h.insert("x-prometheus-remote-write-exemplars-written", 0.into());
+                    }
+                } else {
+                    *resp.status_mut() = StatusCode::NO_CONTENT;
+                }
+                resp
+            }
+        }),
+    );
+    let addr = super::common::serve(app).await;
+    (format!("http://{addr}/api/v1/write"), rec)
 }
