@@ -306,12 +306,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body) -> Response {
     // One state for the whole request: a reload meanwhile does not change its rules.
     let st = live.current();
+    // Refused before the body is read: the body is still read and discarded in the
+    // background (bounded), so the sender sees the answer rather than a reset stream.
     if let Err(resp) = check_auth(&st, &headers) {
+        budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
         return *resp;
     }
     let protocol = match check_headers(&headers) {
         Ok(p) => p,
-        Err(reason) => return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None),
+        Err(reason) => {
+            budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
+            return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None);
+        }
     };
     let content_length = headers
         .get(header::CONTENT_LENGTH)
