@@ -147,6 +147,8 @@ impl Assemble for Config {
                     max_series: self.limits.max_series_per_request,
                     max_labels_per_series: self.limits.max_labels_per_series,
                     max_label_value_bytes: self.limits.max_label_value_bytes,
+                    // A 2.0 request spelled out is held like a decoded body.
+                    max_expanded_bytes: self.limits.max_decoded_bytes,
                 },
             },
         );

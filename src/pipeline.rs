@@ -233,10 +233,24 @@ impl Pipeline {
         body: &[u8],
         protocol: InputProtocol,
     ) -> Result<Processed, DecodeError> {
+        self.decode_as(ws, body, protocol)?;
+        self.map_decoded(ws)
+    }
+
+    /// The first half of [`Pipeline::process_as`]: decompresses and decodes `body` into
+    /// the workspace's view (spans only: nothing is rebuilt yet) and returns the bytes
+    /// the request takes with its labels spelled out, so that a caller can reserve them
+    /// before [`Pipeline::map_decoded`] builds the output.
+    pub fn decode_as(
+        &self,
+        ws: &mut Workspace,
+        body: &[u8],
+        protocol: InputProtocol,
+    ) -> Result<usize, DecodeError> {
         let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
         ws.raw_len =
             snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
-        self.run(ws, protocol)
+        self.decode_raw(ws, protocol)
     }
 
     /// Runs the pipeline on an uncompressed `WriteRequest` (used by `normalize`).
@@ -258,11 +272,28 @@ impl Pipeline {
     }
 
     fn run(&self, ws: &mut Workspace, protocol: InputProtocol) -> Result<Processed, DecodeError> {
+        self.decode_raw(ws, protocol)?;
+        self.map_decoded(ws)
+    }
+
+    fn decode_raw(
+        &self,
+        ws: &mut Workspace,
+        protocol: InputProtocol,
+    ) -> Result<usize, DecodeError> {
         let input = &ws.raw[..ws.raw_len];
         match protocol {
             InputProtocol::V1 => ws.decoded.decode(input, self.limits.decode)?,
             InputProtocol::V2 => ws.decoded.decode_v2(input, self.limits.decode)?,
         }
+        Ok(ws.decoded.expanded_bytes)
+    }
+
+    /// The second half of [`Pipeline::process_as`]: maps the request
+    /// [`Pipeline::decode_as`] left in the workspace, feeds the derive stage and encodes
+    /// the output.
+    pub fn map_decoded(&self, ws: &mut Workspace) -> Result<Processed, DecodeError> {
+        let input = &ws.raw[..ws.raw_len];
         ws.encoded.clear();
         let ctx = MapContext {
             taps: self.deriver.as_ref().map(|d| d.taps()),

@@ -3,6 +3,8 @@
 //! limit. The first and the secret test run the real binary; the others run in process.
 
 mod common;
+#[path = "support/rw2.rs"]
+mod rw2;
 
 use promnorm::app::Assemble;
 use std::io::{Read, Write};
@@ -145,7 +147,93 @@ fn declared_huge_bodies_neither_allocate_nor_pin_memory() {
     );
 }
 
-/// A backend that answers 204 and records each request's Authorization header.
+/// Peak resident memory of a process (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM")
+}
+
+/// A 2.0 request of `series` series whose `labels` labels each refer to one symbol of
+/// `symbol_bytes` bytes: small on the wire, `series × labels × symbol_bytes` spelled out.
+fn symbol_amplification(series: usize, labels: usize, symbol_bytes: usize) -> Vec<u8> {
+    use promnorm::wire::proto::write_v2 as v2;
+    let mut sym = rw2::Symbols::default();
+    let big = "x".repeat(symbol_bytes);
+    let big_ref = sym.r(&big);
+    let name_ref = sym.r("__name__");
+    let timeseries = (0..series)
+        .map(|i| {
+            let mut refs = vec![name_ref, sym.r(&format!("amplified_{i}"))];
+            for l in 0..labels {
+                refs.push(sym.r(&format!("l{l:04}")));
+                refs.push(big_ref);
+            }
+            v2::TimeSeries {
+                labels_refs: refs,
+                samples: vec![v2::Sample {
+                    value: 1.0,
+                    timestamp: 1_700_000_000_000,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        })
+        .collect();
+    rw2::encode_v2(&v2::Request {
+        symbols: sym.list,
+        timeseries,
+    })
+}
+
+/// Issue 25, defect 1: 16 series × 997 labels, every value the one 60,000-byte symbol:
+/// 71 KB on the wire, ~957 MB spelled out. It took 2.95 GB (`VmHWM`) and sent ~944 MB
+/// to the backend; now it is refused with `413` from the decoded view, before anything
+/// is rebuilt, and a request that fits reserves its spelled-out size in the budget.
+#[test]
+fn a_2_0_request_that_expands_past_the_limit_is_refused_before_it_is_built() {
+    let (backend, seen) = recording_backend();
+    let served = Served::start(
+        &format!(
+            "backends:\n  - url: http://{backend}/api/v1/write\n\
+             limits:\n  max_body_bytes: 16777216\n  max_decoded_bytes: 50331648\n  max_inflight_bytes: 67108864\n"
+        ),
+        &[],
+    );
+    let body = symbol_amplification(16, 997, 60_000);
+    println!("amplification request: {} bytes compressed", body.len());
+    let base = peak_rss_kib(served.child.id());
+    let (code, reason) = raw_post(served.addr, "/api/v1/write", rw2::RW2_HEADERS, &body);
+    let peak = peak_rss_kib(served.child.id());
+    // A request that fits: 4 series × 100 labels × 60,000 bytes = 24 MB spelled out.
+    let fits = symbol_amplification(4, 100, 60_000);
+    let (fits_code, fits_reason) = raw_post(served.addr, "/api/v1/write", rw2::RW2_HEADERS, &fits);
+    let after_fits = peak_rss_kib(served.child.id());
+    let log = served.stop();
+    println!(
+        "VmHWM before {base} KiB, after the amplified request {peak} KiB, after one that fits {after_fits} KiB"
+    );
+    assert_eq!(code, 413, "{reason}\n{log}");
+    assert!(reason.contains("label references"), "{reason}");
+    assert!(
+        peak < base + 64 * 1024,
+        "the refused request took {} KiB",
+        peak - base
+    );
+    assert_eq!(fits_code, 204, "{fits_reason}\n{log}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "only the request that fits is sent"
+    );
+}
+
+/// A backend that answers 204 and records each request's Authorization header (empty
+/// without one).
 fn recording_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = StdListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -180,12 +268,11 @@ fn recording_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                         }
                     }
                     let orig = String::from_utf8_lossy(&buf[..end]).into_owned();
-                    if let Some(auth) = orig
+                    let auth = orig
                         .lines()
                         .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
-                    {
-                        seen.lock().unwrap().push(auth[14..].trim().to_string());
-                    }
+                        .map_or("", |a| a[14..].trim());
+                    seen.lock().unwrap().push(auth.to_string());
                     buf.drain(..end + 4 + len);
                     if conn.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").is_err() {
                         return;
@@ -573,5 +660,119 @@ fn connections_beyond_the_limit_wait_in_the_backlog() {
     assert!(
         during <= before + 20,
         "{during} descriptors with 60 connections held (before: {before}, limit 20)"
+    );
+}
+
+/// Issue 25, defect 5: connections that announce large bodies (`Content-Length`) and
+/// send nothing used to reserve the announced bytes up front: 40 of them held the whole
+/// budget and every other sender got `429` for up to `body_read_timeout`. Bytes are now
+/// reserved as they arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_bodies_that_never_come_do_not_hold_the_budget() {
+    use tokio::io::AsyncWriteExt;
+    let (b, _) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(
+        &[b],
+        "server:\n  body_read_timeout: 20s\n  header_read_timeout: 20s\n  idle_timeout: 30s\n\
+         limits:\n  max_body_bytes: 4194304\n  max_decoded_bytes: 8388608\n  max_inflight_bytes: 16777216\n",
+    )
+    .await;
+    // 40 announcements of 4 MiB each: 160 MiB declared against a 16 MiB budget.
+    let mut holders = Vec::new();
+    for _ in 0..40 {
+        let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(
+            b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Encoding: snappy\r\n\
+              Content-Type: application/x-protobuf\r\nContent-Length: 4194304\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        holders.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = encode(&pb::WriteRequest {
+        timeseries: vec![series(&[("__name__", "up")], &[(1.0, 1000)])],
+        ..Default::default()
+    });
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(post(&p.url(), body.clone(), RW_HEADERS).await.status);
+    }
+    println!("a normal sender's statuses while 40 announced bodies wait: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 204), "{statuses:?}");
+    drop(holders);
+}
+
+/// One HTTP/2 frame: type, flags, stream 0, payload.
+fn h2_frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![
+        (len >> 16) as u8,
+        (len >> 8) as u8,
+        len as u8,
+        kind,
+        flags,
+        0,
+        0,
+        0,
+        0,
+    ];
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Issue 25, defect 7: an h2c connection without requests whose client sends a PING
+/// and an empty SETTINGS every 500 ms. Every frame (and its acknowledgement) used to
+/// restart `idle_timeout`, so the connection never closed (100 s tested); HTTP/1.1
+/// closed at the configured 5 s. Now it closes `idle_timeout` after its last request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_connections_close_when_idle_even_while_the_client_pings() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (b, _) = fake_backend(Reply::ok()).await;
+    let p = start_proxy(
+        &[b],
+        "server:\n  idle_timeout: 2s\n  header_read_timeout: 1s\n",
+    )
+    .await;
+    let s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let started = Instant::now();
+    let (mut rd, mut wr) = s.into_split();
+    wr.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    wr.write_all(&h2_frame(4, 0, &[])).await.unwrap(); // SETTINGS
+    wr.write_all(&h2_frame(4, 1, &[])).await.unwrap(); // ACK of the server's SETTINGS
+    let pinger = tokio::spawn(async move {
+        for i in 0..40u64 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let ping = h2_frame(6, 0, &i.to_be_bytes());
+            if wr.write_all(&ping).await.is_err()
+                || wr.write_all(&h2_frame(4, 0, &[])).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut buf = [0u8; 1024];
+    let mut pongs = 0;
+    let closed = loop {
+        match tokio::time::timeout_at(
+            (started + Duration::from_secs(12)).into(),
+            rd.read(&mut buf),
+        )
+        .await
+        {
+            Err(_) => break None,
+            Ok(Ok(0)) | Ok(Err(_)) => break Some(started.elapsed()),
+            Ok(Ok(n)) => pongs += buf[..n].windows(2).filter(|w| w == &[6, 1]).count(),
+        }
+    };
+    pinger.abort();
+    println!("h2 connection with pings: closed after {closed:?}, {pongs} PING acks seen");
+    let t = closed.expect("an idle h2 connection must close even while the client pings");
+    assert!(pongs > 0, "the server answered the pings");
+    assert!(
+        t >= Duration::from_millis(1500) && t < Duration::from_secs(6),
+        "closed after {t:?} with idle_timeout 2s"
     );
 }

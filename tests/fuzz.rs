@@ -580,6 +580,7 @@ const TIGHT: DecodeLimits = DecodeLimits {
     max_series: 3,
     max_labels_per_series: 4,
     max_label_value_bytes: 16,
+    max_expanded_bytes: 4096,
 };
 
 impl Worker<'_> {

@@ -570,3 +570,52 @@ async fn metadata_goes_with_its_tenants_series_and_alone_to_the_senders_tenant()
     );
     proxy.shut_down().await;
 }
+
+/// Issue 25, defect 10: a tenant label value with control characters (a `\n` that
+/// forges a log line, an ANSI escape) reached the text log, `/metrics` and the error
+/// reason raw. Now they are escaped wherever a tenant is shown; the data of the other
+/// tenants is delivered.
+#[tokio::test]
+async fn control_characters_of_a_tenant_are_escaped_wherever_it_is_shown() {
+    let (url, log) = tenant_backend(|_, _| 204).await;
+    let yaml = format!("listen: 127.0.0.1:0\ntenancy: {{}}\nbackends:\n  - url: {url}\n");
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let forged = "evil\nlevel=ERROR msg=forged";
+    let ansi = "ansi\u{1b}[31mred";
+    let r = post(
+        &proxy.url(),
+        request(&[Some("good"), Some(forged), Some(ansi)]),
+        RW_HEADERS,
+    )
+    .await;
+    // The two tenants that cannot be headers are data errors; "good" is delivered.
+    assert_eq!(r.status, 400, "{}", r.body);
+    let reason = r.body.trim_end_matches('\n');
+    assert!(
+        !reason.contains('\n') && !reason.contains('\u{1b}'),
+        "{reason:?}"
+    );
+    assert!(reason.contains(r"tenant evil\nlevel=ERROR"), "{reason:?}");
+    assert_eq!(
+        by_tenant(&log, 204),
+        BTreeMap::from([(some("good"), ids(&["0"]))])
+    );
+    let metrics = get(&format!("http://{}/metrics", proxy.addr)).await.body;
+    assert!(
+        !metrics.contains('\u{1b}'),
+        "an escape character reached /metrics"
+    );
+    assert!(
+        !metrics.lines().any(|l| l.starts_with("level=ERROR")),
+        "a tenant forged a line of /metrics"
+    );
+    assert!(
+        metrics.contains(r"evil\\nlevel=ERROR"),
+        "the tenant is counted, escaped"
+    );
+    assert!(
+        metrics.contains(r"ansi\\u{1b}[31mred"),
+        "the tenant is counted, escaped"
+    );
+    proxy.shut_down().await;
+}

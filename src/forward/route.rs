@@ -165,7 +165,7 @@ impl Routing {
                 let (tenant, refused) = match tb.tenant() {
                     None => (None, None),
                     Some(t) => {
-                        let shown = String::from_utf8_lossy(t).into_owned();
+                        let shown = printable(t);
                         match HeaderValue::from_bytes(t) {
                             Ok(v) => {
                                 payload.tenant = Some(super::TenantHeader {
@@ -179,7 +179,7 @@ impl Routing {
                                     status: StatusCode::BAD_REQUEST,
                                     retry_after: None,
                                     reason: format!(
-                                        "tenant {shown:?} (label {}) cannot be sent as header {}",
+                                        "tenant \"{shown}\" (label {}) cannot be sent as header {}",
                                         opts.label, opts.header
                                     ),
                                 };
@@ -226,4 +226,23 @@ fn encode(
         p.v2_series = series;
     }
     Ok(p)
+}
+
+/// `bytes` as text fit for a log line, a metric label or an error reason: control
+/// characters (a tenant label's `\n` would forge a log line) are escaped as Rust
+/// escapes them (`\n`, `\u{1b}`), invalid UTF-8 replaced; anything else is kept.
+pub fn printable(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if !text.chars().any(char::is_control) {
+        return text.into_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

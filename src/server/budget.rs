@@ -66,6 +66,14 @@ impl Budget {
         })
     }
 
+    /// Whether `n` more bytes would fit now (reserving nothing): a sender whose
+    /// `Content-Length` cannot fit is answered at once rather than after its body.
+    pub fn would_fit(&self, n: usize) -> bool {
+        self.bytes_in_flight()
+            .checked_add(n)
+            .is_some_and(|t| t <= self.0.max_bytes)
+    }
+
     /// Bytes reserved by requests in progress.
     pub fn bytes_in_flight(&self) -> usize {
         self.0.bytes.load(Ordering::Acquire)
@@ -164,18 +172,26 @@ pub enum BodyError {
     Read(String),
 }
 
+/// The first buffer a body is read into, before it has shown how large it is.
+const FIRST_BODY_BUFFER: usize = 64 << 10;
+
 /// Reads a request body of at most `limit` bytes, reserving its bytes in `ticket` as
-/// they arrive (those a `Content-Length` declared were reserved before the first byte:
-/// pass them as `reserved_up_front`). Memory is refused before it is taken: a frame that
-/// does not fit ends the read.
+/// they arrive: the buffer grows to at most twice what has arrived (or to `declared`,
+/// the `Content-Length`, when that is less), and each growth is reserved before it is
+/// allocated. A declared length alone reserves nothing, so connections that announce
+/// large bodies and send nothing cannot hold the budget that senders who are actually
+/// sending need. Memory is refused before it is taken: a frame that does not fit ends
+/// the read.
 pub async fn read_body(
     body: &mut axum::body::Body,
     ticket: &mut Ticket,
-    reserved_up_front: usize,
+    declared: Option<usize>,
     limit: usize,
 ) -> Result<bytes::Bytes, BodyError> {
     use http_body_util::BodyExt;
-    let mut buf = bytes::BytesMut::with_capacity(reserved_up_front.min(limit));
+    let mut buf: Vec<u8> = Vec::new();
+    // What this body has reserved so far: always at least the buffer's capacity.
+    let mut reserved = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
         let Ok(data) = frame.into_data() else {
@@ -185,12 +201,25 @@ pub async fn read_body(
         if total > limit {
             return Err(BodyError::TooLarge { limit });
         }
-        // Bytes beyond what Content-Length declared (or without one) are reserved now.
-        let uncovered = total.saturating_sub(reserved_up_front.max(buf.len()));
-        ticket.reserve(uncovered).map_err(BodyError::Throttled)?;
+        if total > buf.capacity() {
+            let mut want = total
+                .max(buf.capacity().saturating_mul(2))
+                .max(FIRST_BODY_BUFFER);
+            if let Some(d) = declared
+                && d >= total
+            {
+                want = want.min(d);
+            }
+            let want = want.min(limit).max(total);
+            ticket
+                .reserve(want.saturating_sub(reserved))
+                .map_err(BodyError::Throttled)?;
+            reserved = reserved.max(want);
+            buf.reserve_exact(want - buf.len());
+        }
         buf.extend_from_slice(&data);
     }
-    Ok(buf.freeze())
+    Ok(bytes::Bytes::from(buf))
 }
 
 #[cfg(test)]

@@ -225,7 +225,14 @@ struct IdleTimeoutIo<S> {
     /// A request's head is being read (bytes arrived while none was in progress).
     reading_head: bool,
     in_flight: Arc<AtomicUsize>,
+    /// How far the connection's first bytes match HTTP/2's preface; `H2_PREFACE.len()`
+    /// once it is HTTP/2, `usize::MAX` once it is not.
+    preface: usize,
 }
+
+/// The bytes an HTTP/2 client sends first (RFC 9113 §3.4): h2c with prior knowledge
+/// and h2 over TLS alike.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 impl<S> IdleTimeoutIo<S> {
     fn new(inner: S, limits: &ConnectionLimits, in_flight: Arc<AtomicUsize>) -> Self {
@@ -240,6 +247,31 @@ impl<S> IdleTimeoutIo<S> {
             deadline: Box::pin(tokio::time::sleep(first)),
             reading_head,
             in_flight,
+            preface: 0,
+        }
+    }
+
+    fn is_h2(&self) -> bool {
+        self.preface == H2_PREFACE.len()
+    }
+
+    /// Follows the connection's first bytes until they show whether it is HTTP/2.
+    fn sniff(&mut self, bytes: &[u8]) {
+        if self.preface >= H2_PREFACE.len() {
+            return;
+        }
+        let want = &H2_PREFACE[self.preface..];
+        let n = want.len().min(bytes.len());
+        if bytes[..n] == want[..n] {
+            self.preface += n;
+            if self.is_h2() {
+                // HTTP/2 has no request head to wait for between requests: from here
+                // the connection is idle until a request comes.
+                self.reading_head = false;
+                self.reset(self.idle);
+            }
+        } else {
+            self.preface = usize::MAX;
         }
     }
 
@@ -258,6 +290,10 @@ impl<S> IdleTimeoutIo<S> {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             self.reading_head = false;
             self.reset(self.idle);
+        } else if self.is_h2() {
+            // PING, SETTINGS and their acknowledgements are not requests: an HTTP/2
+            // connection without a request in progress stays idle whatever frames it
+            // exchanges, and closes `idle_timeout` after its last request.
         } else if read {
             if !self.reading_head {
                 self.reading_head = true;
@@ -282,6 +318,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeoutIo<S> {
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
+                    this.sniff(&buf.filled()[before..]);
                     this.on_progress(true);
                 }
                 Poll::Ready(r)

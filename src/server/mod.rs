@@ -335,18 +335,22 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
             None,
         );
     }
-    // The overload budget: a slot, then the declared body bytes, before reading any.
+    // The overload budget: a slot, then the body's bytes as they arrive. A declared
+    // length that cannot fit now is answered at once; one that fits reserves nothing
+    // until its bytes come (an announcement alone must not hold the budget).
     let mut ticket = match st.budget.admit() {
         Ok(t) => t,
         Err(why) => return throttled(&st, why, body),
     };
-    let up_front = content_length.unwrap_or(0);
-    if let Err(why) = ticket.reserve(up_front) {
-        return throttled(&st, why, body);
+    if let Some(len) = content_length
+        && !st.budget.would_fit(len)
+    {
+        drop(ticket);
+        return throttled(&st, budget::Throttle::Bytes, body);
     }
     let collected = tokio::time::timeout(
         st.body_read_timeout,
-        budget::read_body(&mut body, &mut ticket, up_front, st.max_body_bytes),
+        budget::read_body(&mut body, &mut ticket, content_length, st.max_body_bytes),
     )
     .await;
     let Ok(collected) = collected else {
@@ -379,23 +383,40 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
     // The decoded size the body declares is held for the request's lifetime too. A
     // declaration over the limit, or more than the body can produce, is refused by the
     // decoder (413, 400) before it allocates: such a body reserves nothing more.
+    let mut decoded_reserved = 0;
     if let Ok(declared) = snap::raw::decompress_len(&body)
         && declared <= st.max_decoded_bytes
         && declared
             <= body
                 .len()
                 .saturating_mul(crate::wire::snappy::MAX_EXPANSION)
-        && let Err(why) = ticket.reserve(declared)
     {
-        drop(ticket);
-        telemetry::request_throttled(why.reason());
-        return throttled_answer(&st, why);
+        if let Err(why) = ticket.reserve(declared) {
+            drop(ticket);
+            telemetry::request_throttled(why.reason());
+            return throttled_answer(&st, why);
+        }
+        decoded_reserved = declared;
     }
 
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.take_workspace();
     ws.skip_v1_body = !st.forwarder.wants_whole_v1();
-    let processed = st.pipeline.process_as(&mut ws, &body, protocol);
+    // Decoding resolves 2.0's label references to spans only; what the output will
+    // hold with them spelled out is reserved before it is built (a small 2.0 request
+    // can refer to one large symbol many times). Over `max_decoded_bytes` it is a 413.
+    let processed = match st.pipeline.decode_as(&mut ws, &body, protocol) {
+        Ok(expanded) => match ticket.reserve(expanded.saturating_sub(decoded_reserved)) {
+            Ok(()) => st.pipeline.map_decoded(&mut ws),
+            Err(why) => {
+                st.pipeline.return_workspace(ws);
+                drop(ticket);
+                telemetry::request_throttled(why.reason());
+                return throttled_answer(&st, why);
+            }
+        },
+        Err(e) => Err(e),
+    };
     let mut deliveries = Vec::new();
     let processed = match processed {
         Ok(p) => {

@@ -33,6 +33,10 @@ impl Span {
     pub fn is_empty(&self) -> bool {
         self.start == self.end
     }
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start) as usize
+    }
 }
 
 /// Index range into one of the [`DecodedRequest`] vectors.
@@ -122,6 +126,10 @@ pub struct DecodeLimits {
     pub max_series: usize,
     pub max_labels_per_series: usize,
     pub max_label_value_bytes: usize,
+    /// The most bytes a request may take once its labels are spelled out (2.0's label
+    /// references expanded, as the mapped output and any 1.0 body hold them): a 2.0
+    /// request of a few KiB can refer to one large symbol millions of times.
+    pub max_expanded_bytes: usize,
 }
 
 impl Default for DecodeLimits {
@@ -130,6 +138,7 @@ impl Default for DecodeLimits {
             max_series: 1_000_000,
             max_labels_per_series: 1_000,
             max_label_value_bytes: 64 << 10,
+            max_expanded_bytes: 256 << 20,
         }
     }
 }
@@ -146,6 +155,10 @@ pub struct DecodedRequest {
     pub v2: bool,
     /// Some sample or histogram carries a start timestamp (2.0 only).
     pub has_start_timestamps: bool,
+    /// What the request occupies with every label spelled out: the input's size for
+    /// 1.0; for 2.0, the input plus each resolved label and metadata text (see
+    /// [`DecodeLimits::max_expanded_bytes`]).
+    pub expanded_bytes: usize,
     /// 2.0 decoding scratch: the symbols table, label refs, metadata seen per family.
     pub(super) symbols: Vec<Span>,
     pub(super) refs: Vec<u32>,
@@ -163,6 +176,7 @@ impl DecodedRequest {
         self.metadata.clear();
         self.v2 = false;
         self.has_start_timestamps = false;
+        self.expanded_bytes = 0;
         self.symbols.clear();
         self.refs.clear();
         self.md_index.clear();
@@ -182,6 +196,8 @@ impl DecodedRequest {
         if buf.len() > u32::MAX as usize {
             return Err(DecodeError::TooLarge);
         }
+        // 1.0 spells every label out already.
+        self.expanded_bytes = buf.len();
         let mut v2_fields = false;
         let mut r = Reader::new(buf, 0, buf.len());
         while !r.is_done() {

@@ -43,6 +43,12 @@ pub fn family_of(name: &[u8], metric_type: u8) -> &[u8] {
     name
 }
 
+/// Bytes a resolved label takes in a 1.0 body beyond its two strings, at most (field
+/// keys and length varints of the label and its two fields).
+const LABEL_OVERHEAD: usize = 16;
+/// The same for a 1.0 `MetricMetadata` entry beyond its three strings.
+const METADATA_OVERHEAD: usize = 24;
+
 /// Metadata fields of one 2.0 series, as read.
 #[derive(Clone, Copy, Default)]
 struct SeriesMetadata {
@@ -60,6 +66,7 @@ impl DecodedRequest {
         if buf.len() > u32::MAX as usize {
             return Err(DecodeError::TooLarge);
         }
+        self.expanded_bytes = buf.len();
         // Symbols first: fields may come in any order, and series refer to them.
         let mut r = Reader::new(buf, 0, buf.len());
         while !r.is_done() {
@@ -163,6 +170,21 @@ impl DecodedRequest {
                 }
             }
             self.labels.push(LabelSpan { name, value });
+            // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
+            self.expanded_bytes = self
+                .expanded_bytes
+                .saturating_add(name.len() + value.len() + LABEL_OVERHEAD);
+        }
+        Ok(())
+    }
+
+    /// Refuses the request once its labels spelled out pass the limit: counted as
+    /// references resolve, before anything is rebuilt from them.
+    fn check_expanded(&self, limits: &DecodeLimits) -> Result<(), DecodeError> {
+        if self.expanded_bytes > limits.max_expanded_bytes {
+            return Err(DecodeError::ExpandedTooLarge {
+                limit: limits.max_expanded_bytes,
+            });
         }
         Ok(())
     }
@@ -222,6 +244,7 @@ impl DecodedRequest {
             }
         }
         self.push_ref_labels(buf, Some(limits))?;
+        self.check_expanded(limits)?;
         let labels = Range32 {
             start: labels_start,
             end: self.labels.len() as u32,
@@ -245,6 +268,7 @@ impl DecodedRequest {
         if md.present {
             self.add_series_metadata(buf, name, &md);
         }
+        self.check_expanded(limits)?;
         self.push_series(
             Span::new(start, end),
             labels,
@@ -313,6 +337,9 @@ impl DecodedRequest {
             return;
         }
         self.md_index.insert(key, self.metadata.len() as u32);
+        self.expanded_bytes = self
+            .expanded_bytes
+            .saturating_add(family.len() + md.help.len() + md.unit.len() + METADATA_OVERHEAD);
         self.metadata.push(MetadataView {
             raw: Span::default(),
             metric_type: i32::from(md.metric_type),
@@ -559,5 +586,23 @@ mod tests {
             ..DecodeLimits::default()
         };
         assert!(d.decode_v2(&buf, limits).unwrap_err().is_too_large());
+        // Spelled out, the request is larger than its bytes: the limit counts that.
+        d.decode_v2(&buf, DecodeLimits::default()).unwrap();
+        let expanded = d.expanded_bytes;
+        assert!(expanded > buf.len(), "{expanded} <= {}", buf.len());
+        let limits = DecodeLimits {
+            max_expanded_bytes: expanded - 1,
+            ..DecodeLimits::default()
+        };
+        let e = d.decode_v2(&buf, limits).unwrap_err();
+        assert!(
+            matches!(e, DecodeError::ExpandedTooLarge { .. }) && e.is_too_large(),
+            "{e}"
+        );
+        let limits = DecodeLimits {
+            max_expanded_bytes: expanded,
+            ..DecodeLimits::default()
+        };
+        d.decode_v2(&buf, limits).unwrap();
     }
 }

@@ -41,6 +41,10 @@ pub enum DecodeError {
     TooManySeries(usize),
     #[error("request too large")]
     TooLarge,
+    #[error(
+        "request would be over {limit} bytes with its label references spelled out (limits.max_decoded_bytes)"
+    )]
+    ExpandedTooLarge { limit: usize },
     #[error("protobuf: truncated message")]
     Truncated,
     #[error("protobuf: varint overflow")]
@@ -93,6 +97,7 @@ impl DecodeError {
             DecodeError::DecodedTooLarge { .. }
                 | DecodeError::TooManySeries(_)
                 | DecodeError::TooLarge
+                | DecodeError::ExpandedTooLarge { .. }
         )
     }
 }
