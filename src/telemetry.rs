@@ -199,6 +199,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Samples not forwarded, by the configured rule or limit that dropped them.",
     ),
     (
+        METADATA_DROPPED,
+        Kind::Counter,
+        "Metadata entries not forwarded, by reason (tenant_copies: copies to more tenants than one request's bound allows).",
+    ),
+    (
         SERIES_RENAMED,
         Kind::Counter,
         "Series renamed (name, label or label value), by pack.",
@@ -338,6 +343,7 @@ pub const THROTTLE_REASONS: &[&str] = &["concurrent_requests", "inflight_bytes"]
 pub const SAMPLES_RECEIVED: &str = "promnorm_samples_received_total";
 pub const SAMPLES_FORWARDED: &str = "promnorm_samples_forwarded_total";
 pub const SAMPLES_DROPPED: &str = "promnorm_samples_dropped_total";
+pub const METADATA_DROPPED: &str = "promnorm_metadata_dropped_total";
 pub const SERIES_RENAMED: &str = "promnorm_series_renamed_total";
 pub const SERIES_RESCALED: &str = "promnorm_series_rescaled_total";
 pub const SERIES_COLLISIONS: &str = "promnorm_series_collisions_total";
@@ -401,6 +407,12 @@ pub fn samples_received(n: u64) {
 
 pub fn samples_forwarded(backend: &str, n: u64) {
     metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+}
+
+/// Metadata entries not forwarded (`reason`: `tenant_copies`, copies of an entry to
+/// more tenants than the bound on copies allows in one request; docs/tenancy.md).
+pub fn metadata_dropped(reason: &'static str, n: u64) {
+    metrics::counter!(METADATA_DROPPED, "reason" => reason).increment(n);
 }
 
 pub fn samples_dropped(reason: &'static str, n: u64) {

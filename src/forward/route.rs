@@ -197,6 +197,10 @@ impl Routing {
                     });
                 }
             }
+            let skipped = split_scratch.metadata_skipped();
+            if skipped > 0 {
+                crate::telemetry::metadata_dropped("tenant_copies", skipped);
+            }
         }
         Ok(())
     }

@@ -68,7 +68,14 @@ pub struct TenantSplit {
     families: Vec<(u64, u32, u32, u32)>,
     /// Tenant bodies a metadata entry goes to.
     targets: Vec<u32>,
+    /// Metadata copies left out of the last split by [`METADATA_COPY_FLOOR`]'s bound.
+    metadata_skipped: u64,
 }
+
+/// Metadata copies beyond an entry's first may add up to the mapped body's size, or
+/// this much when that is less: one large help text in front of series of a thousand
+/// tenants must not become a thousand copies (a few KiB would take gigabytes).
+pub const METADATA_COPY_FLOOR: usize = 1 << 20;
 
 /// Suffixes a series name can add to its family's name (`_total` of a counter, the
 /// series of histograms and summaries).
@@ -156,6 +163,7 @@ impl TenantSplit {
         self.used = 0;
         self.index.clear();
         self.families.clear();
+        self.metadata_skipped = 0;
         // Families are recorded only when there is metadata to place.
         let mut has_metadata = false;
         let mut r = Reader::new(v1, 0, v1.len());
@@ -249,6 +257,7 @@ impl TenantSplit {
     fn place_metadata(&mut self, v1: &[u8], opts: &SplitOptions<'_>) -> Result<(), SplitError> {
         self.families.sort_unstable_by_key(|f| (f.0, f.1));
         self.families.dedup_by_key(|f| (f.0, f.1));
+        let mut copies_left = v1.len().max(METADATA_COPY_FLOOR);
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
             let from = r.pos();
@@ -276,13 +285,26 @@ impl TenantSplit {
                 let i = self.body_for(opts.default, opts.max_tenants)?;
                 self.targets.push(i as u32);
             }
-            for &t in &self.targets {
+            for (k, &t) in self.targets.iter().enumerate() {
+                if k > 0 {
+                    if copies_left < entry.len() {
+                        self.metadata_skipped += 1;
+                        continue;
+                    }
+                    copies_left -= entry.len();
+                }
                 self.bodies[t as usize]
                     .body
                     .extend_from_slice(&v1[entry.clone()]);
             }
         }
         Ok(())
+    }
+
+    /// Metadata copies the last split left out: more than the bound on copies allows
+    /// ([`METADATA_COPY_FLOOR`]); each tenant still gets its series.
+    pub fn metadata_skipped(&self) -> u64 {
+        self.metadata_skipped
     }
 }
 
@@ -440,6 +462,40 @@ mod tests {
         assert_eq!(bodies.len(), 1);
         let (t, r) = decoded(&bodies[0]);
         assert_eq!((t, r.metadata.len(), r.timeseries.len()), (None, 1, 0));
+    }
+
+    /// One 256 KiB help text and one series in each of 1,000 tenants: 1,000 copies
+    /// would be 256 MB from a 300 KB request. Copies stop at the bound; every tenant
+    /// keeps its series, and the skipped copies are counted.
+    #[test]
+    fn metadata_copies_across_tenants_are_bounded() {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for i in 0..1000 {
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"__name__", b"a_total");
+            w.label(b"tenant", format!("t{i}").as_bytes());
+            w.sample(1f64.to_bits(), 1000);
+            w.finish(&mut out);
+        }
+        let help = vec![b'h'; 256 << 10];
+        write_metadata(&mut out, 1, b"a", &help, b"");
+        let mut split = TenantSplit::new();
+        let bodies = split.split(&out, &opts(None, false, 1000)).unwrap();
+        assert_eq!(bodies.len(), 1000);
+        let total: usize = bodies.iter().map(|b| b.body.len()).sum();
+        let with_metadata = bodies
+            .iter()
+            .filter(|b| decoded(b).1.metadata.len() == 1)
+            .count();
+        assert!(
+            total <= out.len() * 2 + METADATA_COPY_FLOOR,
+            "{total} bytes out of {}",
+            out.len()
+        );
+        assert!(bodies.iter().all(|b| b.series == 1));
+        assert_eq!(with_metadata as u64 + split.metadata_skipped(), 1000);
+        assert!(with_metadata >= 2, "copies up to the bound still go out");
     }
 
     #[test]
