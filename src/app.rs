@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use crate::config::{
-    BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config, ConfigError,
-    QueueConfig, QueueType, TenancyConfig, WhenFullConfig, yaml,
+    AutoCount, BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config,
+    ConfigError, QueueConfig, QueueType, TenancyConfig, WhenFullConfig, yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
@@ -60,8 +60,9 @@ impl Assemble for Config {
         if !d.enabled {
             return Ok(None);
         }
-        if d.max_series == 0 || d.max_pending_samples == 0 {
-            let key = if d.max_series == 0 {
+        let sizing = self.sizing();
+        if d.max_series == AutoCount::Set(0) || d.max_pending_samples == AutoCount::Set(0) {
+            let key = if d.max_series == AutoCount::Set(0) {
                 "max_series"
             } else {
                 "max_pending_samples"
@@ -126,8 +127,8 @@ impl Assemble for Config {
             derived_series: true,
             window: d.window,
             stale_after: d.stale_after,
-            max_series: d.max_series,
-            max_pending_samples: d.max_pending_samples,
+            max_series: sizing.derived_max_series,
+            max_pending_samples: sizing.derived_max_pending_samples,
             peaks,
         }))
     }
@@ -142,13 +143,13 @@ impl Assemble for Config {
         let mut p = crate::pipeline::Pipeline::new(
             std::sync::Arc::new(rules),
             crate::pipeline::PipelineLimits {
-                max_decoded_bytes: self.limits.max_decoded_bytes,
+                max_decoded_bytes: usize_of(self.sizing().max_decoded_bytes),
                 decode: crate::wire::DecodeLimits {
                     max_series: self.limits.max_series_per_request,
                     max_labels_per_series: self.limits.max_labels_per_series,
-                    max_label_value_bytes: self.limits.max_label_value_bytes,
+                    max_label_value_bytes: self.limits.max_label_value_bytes.as_usize(),
                     // A 2.0 request spelled out is held like a decoded body.
-                    max_expanded_bytes: self.limits.max_decoded_bytes,
+                    max_expanded_bytes: usize_of(self.sizing().max_decoded_bytes),
                 },
             },
         );
@@ -244,6 +245,11 @@ impl Assemble for Config {
     }
 }
 
+/// A size as the stages take it (saturating on 32-bit targets).
+fn usize_of(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 pub fn parse_pack(text: &str, file: &str) -> Result<PackSpec, ConfigError> {
     yaml::from_str(text).map_err(|source| ConfigError::Yaml {
         file: file.to_string(),
@@ -332,9 +338,11 @@ fn tenancy_options(t: &TenancyConfig, backend: &str) -> Result<TenancyOptions, B
 /// The HTTP backends of a configuration.
 pub fn backends(cfg: &Config) -> Result<Vec<Arc<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+    let sizing = cfg.sizing();
     for (i, b) in cfg.backends.iter().enumerate() {
         let http = HttpBackend::new(backend_options(b, i, cfg.tenancy.as_ref())?)?;
-        match queue_options(&b.queue, cfg.server.throttle_status) {
+        let max_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
+        match queue_options(&b.queue, max_bytes, cfg.server.throttle_status) {
             None => sinks.push(Arc::new(http)),
             Some(q) => sinks.push(Arc::new(QueuedSink::new(Arc::new(http), q))),
         }
@@ -342,8 +350,13 @@ pub fn backends(cfg: &Config) -> Result<Vec<Arc<dyn Sink>>, BuildError> {
     Ok(sinks)
 }
 
-/// A backend's queue settings; `None` for `type: none`.
-pub fn queue_options(q: &QueueConfig, throttle_status: u16) -> Option<QueueOptions> {
+/// A backend's queue settings; `None` for `type: none`. `max_bytes`: the queue's size
+/// with `auto` resolved (`Sizing::queue_max_bytes`).
+pub fn queue_options(
+    q: &QueueConfig,
+    max_bytes: u64,
+    throttle_status: u16,
+) -> Option<QueueOptions> {
     let kind = match q.kind {
         QueueType::None => return None,
         QueueType::Memory => QueueKind::Memory,
@@ -354,7 +367,7 @@ pub fn queue_options(q: &QueueConfig, throttle_status: u16) -> Option<QueueOptio
     };
     Some(QueueOptions {
         kind,
-        max_bytes: q.max_bytes,
+        max_bytes,
         max_age: q.max_age,
         shards: q.shards,
         when_full: match q.when_full {
@@ -392,6 +405,7 @@ pub fn app_state_with(
 /// The server's own settings of a configuration (the ingest token read).
 pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
     crate::telemetry::set_tenant_limit(cfg.limits.max_tenants_in_metrics);
+    let sizing = cfg.sizing();
     let ingest_token = cfg
         .ingest_auth
         .as_ref()
@@ -404,7 +418,7 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
         })?;
     Ok(crate::server::ServerOptions {
         derived_flush: cfg.derived.flush_interval,
-        max_body_bytes: cfg.limits.max_body_bytes,
+        max_body_bytes: usize_of(sizing.max_body_bytes),
         ingest_token,
         connection_limits: crate::server::listener::ConnectionLimits {
             header_read_timeout: cfg.server.header_read_timeout,
@@ -413,10 +427,10 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
         },
         body_read_timeout: cfg.server.body_read_timeout,
         budget: crate::server::budget::Budget::new(
-            cfg.limits.max_inflight_bytes,
+            usize_of(sizing.max_inflight_bytes),
             cfg.limits.max_concurrent_requests,
         ),
-        max_decoded_bytes: cfg.limits.max_decoded_bytes,
+        max_decoded_bytes: usize_of(sizing.max_decoded_bytes),
         tls: cfg
             .server
             .tls
@@ -459,7 +473,22 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
             state.connection_limits.max_connections = fit;
         }
     })?;
-    for w in cfg.warnings() {
+    // The memory limit and the sizes derived from it, once.
+    let sizing = cfg.sizing();
+    tracing::info!(
+        limit = sizing.limit.map(|l| l.bytes),
+        source = sizing.limit.map(|l| l.source.to_string()),
+        allowed = sizing.allowed,
+        max_inflight_bytes = sizing.max_inflight_bytes,
+        max_body_bytes = sizing.max_body_bytes,
+        max_decoded_bytes = sizing.max_decoded_bytes,
+        derived_max_series = sizing.derived_max_series,
+        queue_max_bytes = ?sizing.queue_max_bytes,
+        bound = sizing.bound,
+        "{}",
+        sizing.summary()
+    );
+    for w in cfg.warnings_with(&sizing) {
         tracing::warn!("{w}");
     }
     let listener = crate::server::listener::bind(addr, cfg.server.listen_backlog)

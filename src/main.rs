@@ -197,11 +197,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // What serve builds next: backends (credentials, TLS files) and the ingest
             // token, so a configuration check-config accepts, serve accepts.
             promnorm::app::app_state(&cfg)?;
-            for w in cfg.warnings() {
+            let sizing = cfg.sizing();
+            for w in cfg.warnings_with(&sizing) {
                 eprintln!("promnorm: warning: {w}");
             }
             if print {
-                print!("{}", cfg.to_redacted_yaml()?);
+                print!("{}", cfg.to_annotated_yaml(&sizing)?);
             } else {
                 println!(
                     "{}: ok ({} packs, {} exact names)",

@@ -94,6 +94,7 @@ pub struct Reloader {
 /// Backends for `cfg`, reusing those of `old` whose options did not change.
 fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildError> {
     let mut out = Vec::with_capacity(cfg.backends.len());
+    let sizing = cfg.sizing();
     for (i, b) in cfg.backends.iter().enumerate() {
         let options = backend_options(b, i, cfg.tenancy.as_ref())?;
         let ca = match &options.tls.ca_file {
@@ -103,7 +104,8 @@ fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildEr
                 source: e,
             })?),
         };
-        let queue = queue_options(&b.queue, cfg.server.throttle_status);
+        let max_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
+        let queue = queue_options(&b.queue, max_bytes, cfg.server.throttle_status);
         let same = |o: &&Backend| o.options == options && o.ca == ca && o.queue == queue;
         let sink = match old.iter().find(same) {
             Some(o) => o.sink.clone(),
@@ -344,7 +346,8 @@ impl Reloader {
         // The listener keeps the TLS source it started with (server.* needs a restart);
         // the overload budget carries its reservations over unless its limits changed.
         state.tls = old.tls.clone();
-        if cfg.limits.max_inflight_bytes == running.cfg.limits.max_inflight_bytes
+        // Compared as resolved: an `auto` budget follows the other sizes.
+        if state.budget.max_bytes() == old.budget.max_bytes()
             && cfg.limits.max_concurrent_requests == running.cfg.limits.max_concurrent_requests
         {
             state.budget = old.budget.clone();

@@ -391,3 +391,177 @@ fn logs_have_no_colours_when_stderr_is_not_a_terminal() {
         "ANSI escapes in piped logs: {err:?}"
     );
 }
+
+#[test]
+fn sizes_take_units_everywhere_a_size_is_configured() {
+    use promnorm::config::format_byte_size;
+    for (written, bytes) in [
+        ("1048576", 1u64 << 20),
+        ("2097152B", 2 << 20),
+        ("64000KB", 64_000_000),
+        ("64MB", 64_000_000),
+        ("1GB", 1_000_000_000),
+        ("65536KiB", 64 << 20),
+        ("64MiB", 64 << 20),
+        ("64 MiB", 64 << 20),
+        ("1GiB", 1 << 30),
+    ] {
+        for key in ["limits.max_inflight_bytes", "backends[].queue.max_bytes"] {
+            let text = if key.starts_with("limits") {
+                format!("limits:\n  max_inflight_bytes: {written}\n")
+            } else {
+                format!(
+                    "backends:\n  - url: http://x/api/v1/write\n    queue: {{type: memory, max_bytes: {written}}}\n"
+                )
+            };
+            let f = tmp("size.yaml", &text);
+            let (ok, printed, err) = promnorm(&["check-config", "--print", &f]);
+            assert!(ok, "{key}: {written}: {err}");
+            let leaf = key.rsplit('.').next().unwrap();
+            let want = format!("{leaf}: {}\n", format_byte_size(bytes));
+            assert!(
+                printed.contains(&want),
+                "{written}: want {want:?} in {printed}"
+            );
+        }
+    }
+    // The other sizes take them too.
+    let f = tmp(
+        "sizes.yaml",
+        "limits:\n  max_body_bytes: 4MiB\n  max_decoded_bytes: 60MB\n  max_label_value_bytes: 1KiB\n  max_inflight_bytes: 1GiB\n",
+    );
+    let (ok, printed, err) = promnorm(&["check-config", "--print", &f]);
+    assert!(ok, "{err}");
+    for want in [
+        "max_body_bytes: 4MiB\n",
+        "max_decoded_bytes: 60MB\n",
+        "max_label_value_bytes: 1KiB\n",
+        "max_inflight_bytes: 1GiB\n",
+    ] {
+        assert!(printed.contains(want), "{want:?} in {printed}");
+    }
+}
+
+#[test]
+fn a_size_with_an_unknown_unit_is_refused_at_its_position() {
+    for (text, at) in [
+        (
+            "limits:\n  max_body_bytes: 1MiB\n  max_inflight_bytes: 64 MiBs\n",
+            "bad-size.yaml:3:23: ",
+        ),
+        (
+            "backends:\n  - url: http://x/api/v1/write\n    queue:\n      max_bytes: 64 MiBs\n",
+            "bad-size.yaml:4:18: ",
+        ),
+    ] {
+        let f = tmp("bad-size.yaml", text);
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        assert!(!ok);
+        assert!(err.contains(at), "want {at:?} in {err}");
+        assert!(
+            err.contains("\"64 MiBs\": unknown unit; use B, KB, MB, GB, KiB, MiB, GiB"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    for (value, want) in [
+        ("1.5GiB", "a size is a whole number"),
+        ("-1", "cannot be negative"),
+        ("lots", "a size is a whole number"),
+    ] {
+        let f = tmp(
+            "bad-number.yaml",
+            &format!("limits:\n  max_label_value_bytes: {value}\n"),
+        );
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        assert!(!ok, "{value} accepted");
+        assert!(err.contains("bad-number.yaml:2:26: "), "{value}: {err}");
+        assert!(err.contains(want), "{value}: {err}");
+    }
+}
+
+#[test]
+fn the_printed_configuration_reads_back_as_itself() {
+    let f = tmp(
+        "roundtrip.yaml",
+        "limits:\n  max_body_bytes: 8MiB\n  max_label_value_bytes: 100000\nderived:\n  max_series: 5000\nbackends:\n  - url: http://x/api/v1/write\n    queue: {type: memory}\n  - url: http://y/api/v1/write\n    queue: {type: memory, max_bytes: 300MB}\n",
+    );
+    let env = [("PROMNORM_MEMORY_LIMIT_BYTES", "4GiB")];
+    let (ok, first, err) = promnorm_env(&["check-config", "--print", &f], &env);
+    assert!(ok, "{err}");
+    assert!(
+        first.starts_with(
+            "# memory: limit 4GiB (PROMNORM_MEMORY_LIMIT_BYTES), 2.4GiB allowed; bound "
+        ),
+        "{first}"
+    );
+    // `auto` stays `auto`, with its value beside it.
+    let sizing = promnorm::config::Config::load(std::path::Path::new(&f))
+        .unwrap()
+        .sizing_for(
+            Some(promnorm::config::MemoryLimit {
+                bytes: 4 << 30,
+                source: promnorm::config::LimitSource::Env,
+            }),
+            std::thread::available_parallelism().map_or(1, |n| n.get()) as u64,
+        );
+    for want in [
+        format!(
+            "max_inflight_bytes: auto # {}\n",
+            promnorm::config::format_byte_size(sizing.max_inflight_bytes)
+        ),
+        format!(
+            "max_decoded_bytes: auto # {}\n",
+            promnorm::config::format_byte_size(sizing.max_decoded_bytes)
+        ),
+        "max_body_bytes: 8MiB\n".into(),
+        "max_label_value_bytes: 100KB\n".into(),
+        "max_series: 5000\n".into(),
+        "max_pending_samples: auto # 5000\n".into(),
+        format!(
+            "max_bytes: auto # {}\n",
+            promnorm::config::format_byte_size(sizing.queue_max_bytes[0])
+        ),
+        "max_bytes: 300MB\n".into(),
+    ] {
+        assert!(first.contains(&want), "want {want:?} in {first}");
+    }
+    let again = tmp("roundtrip-printed.yaml", &first);
+    let (ok, second, err) = promnorm_env(&["check-config", "--print", &again], &env);
+    assert!(ok, "{err}");
+    assert_eq!(first, second);
+}
+
+#[test]
+fn sizes_beyond_the_memory_limit_are_accepted_with_a_warning() {
+    let f = tmp("too-big.yaml", "limits:\n  max_inflight_bytes: 1GiB\n");
+    let env = [("PROMNORM_MEMORY_LIMIT_BYTES", "512MiB")];
+    let (ok, _, err) = promnorm_env(&["check-config", &f], &env);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("too-big.yaml:2:23: the memory bound "),
+        "{err}"
+    );
+    assert!(
+        err.contains("exceeds the memory limit 512MiB (PROMNORM_MEMORY_LIMIT_BYTES)"),
+        "{err}"
+    );
+    // The defaults fit: no warning.
+    let f = tmp("defaults.yaml", "");
+    let (ok, _, err) = promnorm_env(
+        &["check-config", &f],
+        &[("PROMNORM_MEMORY_LIMIT_BYTES", "4GiB")],
+    );
+    assert!(ok, "{err}");
+    assert!(!err.contains("memory bound"), "{err}");
+    // A limit that is not a size is an error.
+    let (ok, _, err) = promnorm_env(
+        &["check-config", &f],
+        &[("PROMNORM_MEMORY_LIMIT_BYTES", "half")],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("PROMNORM_MEMORY_LIMIT_BYTES: \"half\""),
+        "{err}"
+    );
+}

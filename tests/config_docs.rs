@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use promnorm::config::{Config, parse_duration, yaml};
+use promnorm::config::{Config, parse_byte_size, parse_duration, yaml};
 use serde_json::Value;
 
 /// The configuration's leaves (`limits.max_body_bytes`, `backends[].url`, …) with their
@@ -93,6 +93,10 @@ fn same_default(doc: &str, value: &Value) -> bool {
         }
         Value::String(s) => {
             if let (Ok(a), Ok(b)) = (parse_duration(d), parse_duration(s)) {
+                return a == b;
+            }
+            // Sizes: `64 KiB` in the table, `64KiB` printed.
+            if let (Ok(a), Ok(b)) = (parse_byte_size(d), parse_byte_size(s)) {
                 return a == b;
             }
             d == s

@@ -765,6 +765,8 @@ fn check_container(
         "{what}: runAsNonRoot"
     );
 
+    check_memory(what, container, cfg);
+
     let args = strings(&container["args"]);
     let config_path = args
         .iter()
@@ -789,6 +791,38 @@ fn check_container(
         "{what}: {config_path} must be promnorm.yaml of a mounted volume of ConfigMap {configmap}"
     );
     port_name
+}
+
+/// The container's memory limit holds README's memory bound: with the limit and the
+/// workers its CPU limit gives, the configuration's sizes (`auto` ones derived from the
+/// limit, as `serve` does in the pod) keep the bound within the allowed percent.
+fn check_memory(what: &str, container: &Value, cfg: &Config) {
+    let limits = &container["resources"]["limits"];
+    let memory = limits["memory"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no resources.limits.memory"));
+    let bytes = [("Gi", 1u64 << 30), ("Mi", 1 << 20)]
+        .iter()
+        .find_map(|(unit, f)| Some(memory.strip_suffix(unit)?.parse::<u64>().ok()? * f))
+        .unwrap_or_else(|| panic!("{what}: memory limit {memory:?} is not N Gi or N Mi"));
+    let cpu = limits["cpu"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no resources.limits.cpu"));
+    let workers = match cpu.strip_suffix('m') {
+        Some(milli) => milli.parse::<u64>().unwrap().div_ceil(1000),
+        None => cpu.parse::<u64>().unwrap(),
+    };
+    let limit = promnorm::config::MemoryLimit {
+        bytes,
+        source: promnorm::config::LimitSource::CgroupV2,
+    };
+    let sizing = cfg.sizing_for(Some(limit), workers);
+    assert!(
+        sizing.bound <= sizing.allowed.unwrap(),
+        "{what}: {}",
+        sizing.summary()
+    );
+    assert_eq!(cfg.memory_warning(&sizing), None, "{what}");
 }
 
 /// A pod template's checks, for the Deployment and the StatefulSet.

@@ -102,19 +102,39 @@ struct Served {
 }
 
 fn serve(config_yaml: &str) -> Served {
+    serve_in(config_yaml, &[], None)
+}
+
+/// `promnorm serve` with `env`, optionally inside the cgroup directory `cgroup` (its
+/// `cgroup.procs` written before the binary starts, so the kernel's limit applies).
+fn serve_in(config_yaml: &str, env: &[(&str, String)], cgroup: Option<&str>) -> Served {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("promnorm-ovl-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("promnorm.yaml");
     std::fs::write(&cfg, format!("listen: 127.0.0.1:{port}\n{config_yaml}")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_promnorm"))
-        .args(["serve", "--config"])
+    let bin = std::env::var("PROMNORM_TEST_BIN").unwrap_or(env!("CARGO_BIN_EXE_promnorm").into());
+    let mut cmd = match cgroup {
+        Some(cg) => {
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"",
+                cg,
+                &bin,
+            ]);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    cmd.args(["serve", "--config"])
         .arg(&cfg)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn promnorm");
-    let child = Killed(child);
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = Killed(cmd.spawn().expect("spawn promnorm"));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(addr).is_err() {
@@ -226,6 +246,105 @@ async fn hundreds_of_senders_with_multi_mb_bodies_stay_under_the_memory_bound() 
         "peak RSS {} MiB over the bound {} MiB",
         peak >> 20,
         bound >> 20
+    );
+}
+
+/// Issue 25: the default configuration inside a 512 MiB container was OOM-killed in
+/// 1.2 s by 300 senders of 3 MB bodies at a slow backend (1 GiB in flight allowed, a
+/// bound of about 4.3 GiB). With the sizes derived from the limit, the process stays
+/// under it: the excess gets the throttle status, nothing is killed or left unanswered.
+/// The limit is given by `PROMNORM_MEMORY_LIMIT_BYTES`; with `PROMNORM_TEST_MEMORY_CGROUP`
+/// naming a cgroup directory whose limit is set (root only), promnorm runs inside it and
+/// detects the limit itself. `PROMNORM_TEST_BIN` runs another build (e.g. an older one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_configuration_stays_under_a_container_memory_limit() {
+    const SENDERS: usize = 300;
+    // 512 MiB, or more on a machine whose many cores make the bound's fixed part
+    // (64 MiB a worker) leave less than 100 MiB of the 60% allowed.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let limit: u64 = (512u64 << 20).max(((64 + 64 * workers + 100) << 20) * 100 / 60);
+    let cgroup = std::env::var("PROMNORM_TEST_MEMORY_CGROUP").ok();
+    let env = match &cgroup {
+        Some(_) => vec![],
+        None => vec![("PROMNORM_MEMORY_LIMIT_BYTES", limit.to_string())],
+    };
+    let (backend, received) = slow_backend(Duration::from_secs(5)).await;
+    let mut served = serve_in(
+        &format!("backends:\n  - url: {backend}\n"),
+        &env,
+        cgroup.as_deref(),
+    );
+    let body = big_request(40_000, 11);
+    let decoded = snap::raw::decompress_len(&body).unwrap();
+    assert!(body.len() > 5 << 19, "compressed body {} bytes", body.len());
+    let url = format!("http://{}/api/v1/write", served.addr);
+    let started = Instant::now();
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                for _ in 0..3 {
+                    match try_post(&url, body.clone()).await {
+                        Ok(r) => {
+                            codes.push(r.status.as_u16().to_string());
+                            if r.status.as_u16() != 429 {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            codes.push(format!("error: {e}"));
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                codes
+            })
+        })
+        .collect();
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for s in senders {
+        for code in s.await.unwrap() {
+            let key = if code.starts_with("error") {
+                "error".to_string()
+            } else {
+                code
+            };
+            *counts.entry(key).or_default() += 1;
+        }
+    }
+    let exited = served.child.0.try_wait().unwrap();
+    let peak = if exited.is_none() {
+        peak_rss(served.child.0.id())
+    } else {
+        0
+    };
+    println!(
+        "limit {} MiB, {SENDERS} senders, body {} bytes ({decoded} decoded): {counts:?} in {:?}; peak RSS {} MiB; exited: {exited:?}",
+        limit >> 20,
+        body.len(),
+        started.elapsed(),
+        peak >> 20
+    );
+    assert!(exited.is_none(), "promnorm died: {exited:?}");
+    let ok = counts.get("204").copied().unwrap_or(0);
+    assert!(ok > 0, "no request was accepted: {counts:?}");
+    assert!(counts.contains_key("429"), "nothing throttled: {counts:?}");
+    assert_eq!(
+        counts
+            .keys()
+            .filter(|k| !["204", "429"].contains(&k.as_str()))
+            .count(),
+        0,
+        "{counts:?}"
+    );
+    assert_eq!(received.load(Ordering::Relaxed), ok);
+    assert!(
+        peak < limit,
+        "peak RSS {} MiB over the limit {} MiB",
+        peak >> 20,
+        limit >> 20
     );
 }
 

@@ -143,3 +143,18 @@ pub enum ListenError {
     #[error("the name resolves to no address")]
     NoAddress,
 }
+
+/// Why a byte size (`64MiB`, `1GiB`, `1048576`) cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("empty size")]
+    Empty,
+    #[error("{text:?}: unknown unit; use B, KB, MB, GB, KiB, MiB, GiB")]
+    BadUnit { text: String },
+    #[error(
+        "{text:?}: a size is a whole number, optionally followed by B, KB, MB, GB, KiB, MiB, GiB"
+    )]
+    BadNumber { text: String },
+    #[error("{text:?} is out of range")]
+    OutOfRange { text: String },
+}

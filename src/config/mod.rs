@@ -1,9 +1,13 @@
 //! Configuration: the YAML schema, its defaults and validation.
 
 mod error;
+pub mod memory;
+mod size;
 pub mod yaml;
 
-pub use error::{ConfigError, DurationError, ListenError, SecretError, UrlError};
+pub use error::{ByteSizeError, ConfigError, DurationError, ListenError, SecretError, UrlError};
+pub use memory::{LimitSource, MemoryLimit, Sizing};
+pub use size::{AutoCount, AutoSize, ByteSize, format_byte_size, human_bytes, parse_byte_size};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -99,8 +103,11 @@ pub struct DerivedConfig {
     pub window: Option<Duration>,
     #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub stale_after: Duration,
-    pub max_series: usize,
-    pub max_pending_samples: usize,
+    /// Derived series kept at most (about 400 bytes each); `auto`: from the memory
+    /// limit (`config::memory`), at most 1,000,000.
+    pub max_series: AutoCount,
+    /// Derived samples waiting for the writer at most; `auto`: as many as `max_series`.
+    pub max_pending_samples: AutoCount,
     /// How often the writer sends queued derived samples.
     #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub flush_interval: Duration,
@@ -113,8 +120,8 @@ impl Default for DerivedConfig {
             enabled: true,
             window: None,
             stale_after: Duration::from_secs(600),
-            max_series: 1_000_000,
-            max_pending_samples: 1_000_000,
+            max_series: AutoCount::Auto,
+            max_pending_samples: AutoCount::Auto,
             flush_interval: Duration::from_secs(1),
             peaks: Vec::new(),
         }
@@ -147,24 +154,32 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Larger compressed bodies get `413`.
-    pub max_body_bytes: usize,
+    /// Percent of the memory limit (the container's cgroup limit, else the host's
+    /// memory) that the `auto` sizes may use together, README's memory bound included
+    /// (as vmagent's `-memory.allowedPercent`).
+    pub memory_allowed_percent: u8,
+    /// Larger compressed bodies get `413`. `auto`: `max_inflight_bytes / 4`, at most
+    /// 32 MiB.
+    pub max_body_bytes: AutoSize,
     /// A body whose snappy header declares more decoded bytes gets `413`, before
-    /// anything is allocated.
-    pub max_decoded_bytes: usize,
+    /// anything is allocated. `auto`: the rest of `max_inflight_bytes` after
+    /// `max_body_bytes`, at most 256 MiB.
+    pub max_decoded_bytes: AutoSize,
     /// More series in one request gets `413`.
     pub max_series_per_request: usize,
     /// A series with more labels gets the request `400` (receivers such as Mimir would
     /// reject the whole batch).
     pub max_labels_per_series: usize,
     /// A label value longer than this gets the request `400`.
-    pub max_label_value_bytes: usize,
+    pub max_label_value_bytes: ByteSize,
     /// Bytes all requests in progress may hold together: each holds its compressed body
     /// (reserved from `Content-Length` before it is read, else as it streams) and the
     /// decoded size its snappy header declares, until it is answered (waiting on
     /// backends included). A request that does not fit gets `429` with `Retry-After`.
-    /// Must be at least `max_body_bytes + max_decoded_bytes`.
-    pub max_inflight_bytes: usize,
+    /// Must be at least `max_body_bytes + max_decoded_bytes`. `auto`: from the memory
+    /// limit, so that README's bound stays within `memory_allowed_percent` of it
+    /// (`config::memory`).
+    pub max_inflight_bytes: AutoSize,
     /// Remote-write requests in progress at most; beyond it `429` with `Retry-After`
     /// before the body is read.
     pub max_concurrent_requests: usize,
@@ -176,12 +191,13 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_body_bytes: 32 << 20,
-            max_decoded_bytes: 256 << 20,
+            memory_allowed_percent: 60,
+            max_body_bytes: AutoSize::Auto,
+            max_decoded_bytes: AutoSize::Auto,
             max_series_per_request: 1_000_000,
             max_labels_per_series: 1_000,
-            max_label_value_bytes: 64 << 10,
-            max_inflight_bytes: 1 << 30,
+            max_label_value_bytes: ByteSize(64 << 10),
+            max_inflight_bytes: AutoSize::Auto,
             max_concurrent_requests: 1024,
             max_tenants_in_metrics: 100,
         }
@@ -330,7 +346,9 @@ pub struct QueueConfig {
     /// the configuration file).
     pub dir: Option<PathBuf>,
     /// Bytes the queue may hold; beyond it the sender gets 429 (`when_full: reject`).
-    pub max_bytes: u64,
+    /// `auto`: `memory` queues share a quarter of what the memory limit leaves
+    /// (`config::memory`), each at most 512 MiB; `disk`: 512 MiB.
+    pub max_bytes: AutoSize,
     /// `disk`: appended records are fsynced at least this often; `0s` fsyncs before
     /// the sender is answered.
     #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
@@ -354,7 +372,7 @@ impl Default for QueueConfig {
         QueueConfig {
             kind: QueueType::None,
             dir: None,
-            max_bytes: 512 << 20,
+            max_bytes: AutoSize::Auto,
             fsync_interval: Duration::from_secs(1),
             max_age: None,
             shards: 1,
@@ -964,12 +982,14 @@ impl Config {
                 format!("backend {name}: queue.shards above 1 needs protocol: v1 (a queue splits 1.0 bodies by series; 2.0 bodies go whole through one shard)"),
             ));
         }
-        if q.max_bytes < 1 << 20 {
-            return Err(self.invalid_at(
-                "max_bytes",
-                &q.max_bytes.to_string(),
-                format!("backend {name}: queue.max_bytes must be at least 1048576 (1 MiB)"),
-            ));
+        if let Some(n) = q.max_bytes.set()
+            && n < 1 << 20
+        {
+            return Err(ConfigError::Value {
+                at: self.size_position("max_bytes", n),
+                key: "max_bytes".into(),
+                reason: format!("backend {name}: queue.max_bytes must be at least 1MiB"),
+            });
         }
         if q.max_age.is_some_and(|a| a.is_zero()) {
             return Err(self.invalid_at(
@@ -1023,6 +1043,89 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The memory settings and the request limits as they will run (`auto` resolved).
+    fn check_sizes(&self) -> Result<(), ConfigError> {
+        let pct = self.limits.memory_allowed_percent;
+        if !(1..=100).contains(&pct) {
+            return Err(self.invalid_at(
+                "memory_allowed_percent",
+                &pct.to_string(),
+                "limits.memory_allowed_percent must be from 1 to 100",
+            ));
+        }
+        memory::limit_from_env().map_err(|e| ConfigError::Value {
+            at: String::new(),
+            key: memory::LIMIT_ENV.into(),
+            reason: format!("{}: {e}", memory::LIMIT_ENV),
+        })?;
+        let s = self.sizing();
+        let shown = |v: u64, setting: AutoSize| match setting {
+            AutoSize::Auto => format!("auto = {}", format_byte_size(v)),
+            AutoSize::Set(_) => format_byte_size(v),
+        };
+        let l = &self.limits;
+        for (key, v, setting) in [
+            ("max_body_bytes", s.max_body_bytes, l.max_body_bytes),
+            (
+                "max_decoded_bytes",
+                s.max_decoded_bytes,
+                l.max_decoded_bytes,
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Value {
+                    at: self.size_position(key, v),
+                    key: key.into(),
+                    reason: format!(
+                        "limits.{key} ({}) must be positive (limits.max_inflight_bytes is {})",
+                        shown(v, setting),
+                        shown(s.max_inflight_bytes, l.max_inflight_bytes)
+                    ),
+                });
+            }
+        }
+        let largest = s.max_body_bytes.saturating_add(s.max_decoded_bytes);
+        if s.max_inflight_bytes < largest {
+            return Err(ConfigError::Value {
+                at: self.size_position("max_inflight_bytes", s.max_inflight_bytes),
+                key: "max_inflight_bytes".into(),
+                reason: format!(
+                    "limits.max_inflight_bytes ({}) must be at least max_body_bytes + max_decoded_bytes ({} + {} = {}): a request at the limits could never be admitted",
+                    shown(s.max_inflight_bytes, l.max_inflight_bytes),
+                    shown(s.max_body_bytes, l.max_body_bytes),
+                    shown(s.max_decoded_bytes, l.max_decoded_bytes),
+                    format_byte_size(largest),
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where the size `n` of `key` is written, however it is spelt (`1048576`, `1MiB`,
+    /// `1024 KiB`).
+    pub fn size_position(&self, key: &str, n: u64) -> String {
+        let fallback = self.position(key, "");
+        for text in [n.to_string(), format_byte_size(n)] {
+            let p = self.position(key, &text);
+            if p != fallback {
+                return p;
+            }
+        }
+        let Some(src) = &self.source else {
+            return fallback;
+        };
+        let pattern = format!("{key}:");
+        for (i, line) in src.text.lines().enumerate() {
+            let code = line.split(" #").next().unwrap_or(line);
+            if let Some(k) = code.find(&pattern) {
+                let after = &code[k + pattern.len()..];
+                let col = k + pattern.len() + (after.len() - after.trim_start().len());
+                return format!("{}:{}:{}: ", src.file, i + 1, col + 1);
+            }
+        }
+        fallback
     }
 
     /// A tenancy block: a label name, a header promnorm may set, a default that can be
@@ -1105,8 +1208,15 @@ impl Config {
 
     /// Non-fatal remarks about the configuration (printed by check-config, logged by serve).
     pub fn warnings(&self) -> Vec<String> {
+        self.warnings_with(&self.sizing())
+    }
+
+    /// [`Config::warnings`] for given sizes.
+    pub fn warnings_with(&self, sizing: &Sizing) -> Vec<String> {
         let mut out = Vec::new();
+        out.extend(self.memory_warning(sizing));
         for (i, b) in self.backends.iter().enumerate() {
+            let queue_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
             if let Ok(u) = parse_backend_url(&b.url)
                 && (u.uri.path().is_empty() || u.uri.path() == "/")
             {
@@ -1117,15 +1227,13 @@ impl Config {
                     redact_url(&b.url)
                 ));
             }
-            if b.queue.kind != QueueType::None
-                && b.queue.max_bytes < self.limits.max_body_bytes as u64
-            {
+            if b.queue.kind != QueueType::None && queue_bytes < sizing.max_body_bytes {
                 out.push(format!(
                     "{}backend {}: queue.max_bytes {} is below limits.max_body_bytes {}: a request larger than the queue is refused with 413",
-                    self.position("max_bytes", &b.queue.max_bytes.to_string()),
+                    self.size_position("max_bytes", queue_bytes),
                     b.name_or_default(i),
-                    b.queue.max_bytes,
-                    self.limits.max_body_bytes
+                    format_byte_size(queue_bytes),
+                    format_byte_size(sizing.max_body_bytes)
                 ));
             }
             if b.queue.kind == QueueType::Disk
@@ -1134,7 +1242,7 @@ impl Config {
                 && let Some(free) = free_bytes(existing)
             {
                 let held = disk_usage(dir);
-                if free + held < b.queue.max_bytes {
+                if free + held < queue_bytes {
                     out.push(format!(
                         "{}backend {}: queue.dir {} has {} bytes free (plus {} held by the queue), less than queue.max_bytes {}: the queue will refuse data (429) when the disk fills",
                         self.position("dir", &dir.display().to_string()),
@@ -1142,7 +1250,7 @@ impl Config {
                         dir.display(),
                         free,
                         held,
-                        b.queue.max_bytes
+                        queue_bytes
                     ));
                 }
             }
@@ -1170,6 +1278,47 @@ impl Config {
             file: "<printed configuration>".into(),
             source,
         })
+    }
+
+    /// [`Config::to_redacted_yaml`] with the memory limit in a comment on top and, beside
+    /// each `auto` key, the value it resolves to (`max_inflight_bytes: auto # 21MiB`).
+    /// Comments only: the printed text reads back as the same configuration.
+    pub fn to_annotated_yaml(&self, sizing: &Sizing) -> Result<String, ConfigError> {
+        let text = self.to_redacted_yaml()?;
+        let mut out = format!("# {}\n", sizing.summary());
+        let mut section = "";
+        let mut queue = 0;
+        for line in text.lines() {
+            out.push_str(line);
+            if !line.starts_with([' ', '-']) {
+                section = line.trim_end_matches(':');
+            }
+            let t = line.trim_start().trim_start_matches("- ");
+            let size = |n: u64| format!(" # {}", format_byte_size(n));
+            let comment = match (section, t.split_once(": ")) {
+                ("limits", Some((key, "auto"))) => match key {
+                    "max_body_bytes" => Some(size(sizing.max_body_bytes)),
+                    "max_decoded_bytes" => Some(size(sizing.max_decoded_bytes)),
+                    "max_inflight_bytes" => Some(size(sizing.max_inflight_bytes)),
+                    _ => None,
+                },
+                ("derived", Some(("max_series", "auto"))) => {
+                    Some(format!(" # {}", sizing.derived_max_series))
+                }
+                ("derived", Some(("max_pending_samples", "auto"))) => {
+                    Some(format!(" # {}", sizing.derived_max_pending_samples))
+                }
+                ("backends", Some(("max_bytes", v))) => {
+                    queue += 1;
+                    let n = sizing.queue_max_bytes.get(queue - 1).copied();
+                    (v == "auto").then(|| n.map(size)).flatten()
+                }
+                _ => None,
+            };
+            out.push_str(&comment.unwrap_or_default());
+            out.push('\n');
+        }
+        Ok(out)
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -1230,20 +1379,7 @@ impl Config {
                 "server.throttle_status must be 429 or 503",
             ));
         }
-        let largest = self
-            .limits
-            .max_body_bytes
-            .saturating_add(self.limits.max_decoded_bytes);
-        if self.limits.max_inflight_bytes < largest {
-            let v = self.limits.max_inflight_bytes.to_string();
-            return Err(self.invalid_at(
-                "max_inflight_bytes",
-                &v,
-                format!(
-                    "limits.max_inflight_bytes ({v}) must be at least max_body_bytes + max_decoded_bytes ({largest}): a request at the limits could never be admitted"
-                ),
-            ));
-        }
+        self.check_sizes()?;
         if self.limits.max_concurrent_requests == 0 {
             return Err(self.invalid_at(
                 "max_concurrent_requests",
