@@ -325,6 +325,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Version, revision and rustc of this binary (value 1).",
     ),
     (
+        BACKEND_SATURATED,
+        Kind::Counter,
+        "Requests not sent to a backend because backends[].max_concurrent_requests were in flight for the whole wait; the sender got 429.",
+    ),
+    (
+        METADATA_DROPPED,
+        Kind::Counter,
+        "Metadata entries not sent to a backend, by reason (no_tenant: alone in its request, with no tenant seen for its family and none for the sender).",
+    ),
+    (
         TENANT_SAMPLES,
         Kind::Counter,
         "Samples of the sender's requests routed to a tenant, by backend, tenant (beyond limits.max_tenants_in_metrics: other) and outcome (delivered, queued, rejected, failed).",
@@ -351,6 +361,8 @@ pub const DERIVED_STATE_SERIES: &str = "promnorm_derived_state_series";
 pub const BACKEND_REQUESTS: &str = "promnorm_backend_requests_total";
 pub const BACKEND_DURATION: &str = "promnorm_backend_request_duration_seconds";
 pub const BACKEND_MISCONFIGURED: &str = "promnorm_backend_misconfigured";
+pub const BACKEND_SATURATED: &str = "promnorm_backend_saturated_total";
+pub const METADATA_DROPPED: &str = "promnorm_metadata_dropped_total";
 pub const BACKEND_V1_FALLBACK: &str = "promnorm_backend_remote_write_v1_fallback";
 pub const CONNECTIONS_OPEN: &str = "promnorm_http_connections_open";
 pub const BUILD_INFO: &str = "promnorm_build_info";
@@ -520,6 +532,27 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
     } else {
         0.0
     });
+}
+
+/// A backend's counters at zero from its start: saturation, and the metadata tenant
+/// routing drops (`tenancy`).
+pub fn register_backend(backend: &str, tenancy: bool) {
+    metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(0);
+    if tenancy {
+        metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => "no_tenant")
+            .increment(0);
+    }
+}
+
+/// A request not sent: the backend's `max_concurrent_requests` were in flight.
+pub fn backend_saturated(backend: &str) {
+    metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(1);
+}
+
+/// Metadata entries not sent to `backend` (`reason`: `no_tenant`).
+pub fn metadata_dropped(backend: &str, reason: &'static str, n: u64) {
+    metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => reason)
+        .increment(n);
 }
 
 /// A `protocol: auto` backend turned out to speak only 1.0.
