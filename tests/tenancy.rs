@@ -721,17 +721,14 @@ async fn tenant_fan_out_is_bounded_per_backend_and_the_excess_is_retryable() {
     proxy.shut_down().await;
 }
 
+/// (tenant, metadata families, series) of each request a gateway accepted.
+type GatewayLog = Arc<Mutex<Vec<(String, Vec<String>, usize)>>>;
+
 /// A tenant-aware gateway (nginx in front of Mimir): 401 without the tenant header, and
 /// 401 for the tenants in `refused`; records (tenant, metadata families, series) of the
 /// requests it accepted and counts the refused ones.
-async fn gateway(
-    refused: &'static [&'static str],
-) -> (
-    String,
-    Arc<Mutex<Vec<(String, Vec<String>, usize)>>>,
-    Arc<AtomicUsize>,
-) {
-    let log: Arc<Mutex<Vec<(String, Vec<String>, usize)>>> = Arc::default();
+async fn gateway(refused: &'static [&'static str]) -> (String, GatewayLog, Arc<AtomicUsize>) {
+    let log: GatewayLog = Arc::default();
     let refusals = Arc::new(AtomicUsize::new(0));
     let (log2, ref2) = (log.clone(), refusals.clone());
     let app = axum::Router::new().route(

@@ -1479,9 +1479,9 @@ mod tests {
             ),
             "a fixed tenant header"
         );
-        assert!(!warned(&format!(
-            "tenancy: {{}}\nbackends:\n  - url: http://x/api/v1/push\n    tenancy: {{enabled: false}}\n"
-        )));
+        assert!(!warned(
+            "tenancy: {}\nbackends:\n  - url: http://x/api/v1/push\n    tenancy: {enabled: false}\n"
+        ));
         let c = Config::parse(b, "t.yaml").unwrap();
         assert_eq!(c.backends[0].max_concurrent_requests, 64);
         let err = Config::parse(
