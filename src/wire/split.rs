@@ -57,16 +57,17 @@ pub struct FamilyTenants {
 }
 
 /// The last tenants of one name, most recent first; `None`: series without a tenant
-/// (the sender's tenant header).
-type Recent = Vec<Option<Box<[u8]>>>;
+/// (the sender's tenant header). Vectors, so that a forgotten tenant's buffer takes the
+/// new one: a name seen with more tenants than it remembers costs no allocation.
+type Recent = Vec<Option<Vec<u8>>>;
 
 impl FamilyTenants {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Notes that a series named `name` went to `tenant`. Allocates only for a name or
-    /// tenant not remembered yet.
+    /// Notes that a series named `name` went to `tenant`. Allocates only for a name not
+    /// remembered yet, or a tenant longer than the one it replaces.
     pub fn note(&mut self, name: &[u8], tenant: Option<&[u8]>) {
         let recent = match self.current.get_mut(name) {
             Some(r) => r,
@@ -85,8 +86,18 @@ impl FamilyTenants {
             Some(0) => {}
             Some(i) => recent[..=i].rotate_right(1),
             None => {
-                recent.truncate(TENANTS_PER_NAME - 1);
-                recent.insert(0, tenant.map(Box::from));
+                let reused = if recent.len() >= TENANTS_PER_NAME {
+                    recent.pop().flatten()
+                } else {
+                    None
+                };
+                let entry = tenant.map(|t| {
+                    let mut buf = reused.unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(t);
+                    buf
+                });
+                recent.insert(0, entry);
             }
         }
     }
