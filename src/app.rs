@@ -291,7 +291,7 @@ pub fn backend_options(
         .map_err(secret_error)?;
     let tenancy = cfg
         .effective_tenancy(global_tenancy)
-        .map(|t| tenancy_options(t, &name))
+        .map(|t| tenancy_options(t, &name, cfg))
         .transpose()?;
     Ok(BackendOptions {
         name,
@@ -315,11 +315,16 @@ pub fn backend_options(
             BackendProtocolConfig::Auto => BackendProtocol::Auto,
         },
         tenancy,
+        max_concurrent_requests: cfg.max_concurrent_requests,
     })
 }
 
 /// A tenancy block as `forward` takes it (check-config validated it).
-fn tenancy_options(t: &TenancyConfig, backend: &str) -> Result<TenancyOptions, BuildError> {
+fn tenancy_options(
+    t: &TenancyConfig,
+    backend: &str,
+    cfg: &BackendConfig,
+) -> Result<TenancyOptions, BuildError> {
     let header = http::HeaderName::from_bytes(t.header.as_bytes()).map_err(|_| {
         BuildError::Backend(BackendError::Header {
             backend: backend.to_string(),
@@ -332,6 +337,10 @@ fn tenancy_options(t: &TenancyConfig, backend: &str) -> Result<TenancyOptions, B
         default: t.default.clone(),
         keep_label: t.keep_label,
         max_tenants_per_request: t.max_tenants_per_request,
+        fixed_header: cfg
+            .headers
+            .keys()
+            .any(|k| k.eq_ignore_ascii_case(&t.header)),
     })
 }
 

@@ -199,11 +199,6 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Samples not forwarded, by the configured rule or limit that dropped them.",
     ),
     (
-        METADATA_DROPPED,
-        Kind::Counter,
-        "Metadata entries not forwarded, by reason (tenant_copies: copies to more tenants than one request's bound allows).",
-    ),
-    (
         SERIES_RENAMED,
         Kind::Counter,
         "Series renamed (name, label or label value), by pack.",
@@ -330,6 +325,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Version, revision and rustc of this binary (value 1).",
     ),
     (
+        BACKEND_SATURATED,
+        Kind::Counter,
+        "Requests not sent to a backend because backends[].max_concurrent_requests were in flight for the whole wait; the sender got 429.",
+    ),
+    (
+        METADATA_DROPPED,
+        Kind::Counter,
+        "Metadata entries not sent to a backend, by reason (no_tenant: alone in its request, with no tenant seen for its family and none for the sender; tenant_copies: copies to more tenants than one request's bound allows).",
+    ),
+    (
         TENANT_SAMPLES,
         Kind::Counter,
         "Samples of the sender's requests routed to a tenant, by backend, tenant (beyond limits.max_tenants_in_metrics: other) and outcome (delivered, queued, rejected, failed).",
@@ -343,7 +348,6 @@ pub const THROTTLE_REASONS: &[&str] = &["concurrent_requests", "inflight_bytes"]
 pub const SAMPLES_RECEIVED: &str = "promnorm_samples_received_total";
 pub const SAMPLES_FORWARDED: &str = "promnorm_samples_forwarded_total";
 pub const SAMPLES_DROPPED: &str = "promnorm_samples_dropped_total";
-pub const METADATA_DROPPED: &str = "promnorm_metadata_dropped_total";
 pub const SERIES_RENAMED: &str = "promnorm_series_renamed_total";
 pub const SERIES_RESCALED: &str = "promnorm_series_rescaled_total";
 pub const SERIES_COLLISIONS: &str = "promnorm_series_collisions_total";
@@ -357,6 +361,8 @@ pub const DERIVED_STATE_SERIES: &str = "promnorm_derived_state_series";
 pub const BACKEND_REQUESTS: &str = "promnorm_backend_requests_total";
 pub const BACKEND_DURATION: &str = "promnorm_backend_request_duration_seconds";
 pub const BACKEND_MISCONFIGURED: &str = "promnorm_backend_misconfigured";
+pub const BACKEND_SATURATED: &str = "promnorm_backend_saturated_total";
+pub const METADATA_DROPPED: &str = "promnorm_metadata_dropped_total";
 pub const BACKEND_V1_FALLBACK: &str = "promnorm_backend_remote_write_v1_fallback";
 pub const CONNECTIONS_OPEN: &str = "promnorm_http_connections_open";
 pub const BUILD_INFO: &str = "promnorm_build_info";
@@ -407,12 +413,6 @@ pub fn samples_received(n: u64) {
 
 pub fn samples_forwarded(backend: &str, n: u64) {
     metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
-}
-
-/// Metadata entries not forwarded (`reason`: `tenant_copies`, copies of an entry to
-/// more tenants than the bound on copies allows in one request; docs/tenancy.md).
-pub fn metadata_dropped(reason: &'static str, n: u64) {
-    metrics::counter!(METADATA_DROPPED, "reason" => reason).increment(n);
 }
 
 pub fn samples_dropped(reason: &'static str, n: u64) {
@@ -532,6 +532,29 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
     } else {
         0.0
     });
+}
+
+/// A backend's counters at zero from its start: saturation, and the metadata tenant
+/// routing drops (`tenancy`).
+pub fn register_backend(backend: &str, tenancy: bool) {
+    metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(0);
+    if tenancy {
+        for reason in ["no_tenant", "tenant_copies"] {
+            metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => reason)
+                .increment(0);
+        }
+    }
+}
+
+/// A request not sent: the backend's `max_concurrent_requests` were in flight.
+pub fn backend_saturated(backend: &str) {
+    metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(1);
+}
+
+/// Metadata entries not sent to `backend` (`reason`: `no_tenant`).
+pub fn metadata_dropped(backend: &str, reason: &'static str, n: u64) {
+    metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => reason)
+        .increment(n);
 }
 
 /// A `protocol: auto` backend turned out to speak only 1.0.

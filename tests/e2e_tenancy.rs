@@ -253,3 +253,140 @@ async fn each_tenants_series_reach_its_own_receiver_through_the_tenant_header() 
     drop(receivers);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Prometheus sends metadata in requests of their own, without a tenant. With tenancy
+/// and no `default`, behind a gateway requiring `X-Scope-OrgID` (401 without), those
+/// requests used to be answered 503: Prometheus retried them forever
+/// (`metadata_retried_total` 7,728, `metadata_total` 0 in the field). Now they go to the
+/// tenants whose series of each family promnorm routed, never without a tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_from_prometheus_reaches_the_tenants_without_a_default_or_a_retry_loop() {
+    let Some(prom) = binary("PROMETHEUS_BIN") else {
+        return;
+    };
+    // Not scratch(): the other test of this file may be using it.
+    let dir = std::env::temp_dir().join(format!(
+        "promnorm-e2e-tenancy-metadata-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text = String::from("# HELP tm_total Metadata test.\n# TYPE tm_total counter\n");
+    for i in 0..6 {
+        let t = ["team-a", "team-b"][i % 2];
+        text.push_str(&format!("tm_total{{i=\"{i}\",team=\"{t}\"}} {i}\n"));
+    }
+    let target = serve_exposition(text).await;
+    // Only tm_total is written (not `up` and the other series Prometheus adds, which
+    // have no team: without `default` they go with no tenant, as documented).
+    // (tenant, series, metadata families) of each accepted request; refusals counted.
+    type Seen = Arc<Mutex<Vec<(String, usize, Vec<String>)>>>;
+    let seen: Seen = Arc::default();
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (seen2, refused2) = (seen.clone(), refused.clone());
+    let app = axum::Router::new().route(
+        "/api/v1/push",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let (seen, refused) = (seen2.clone(), refused2.clone());
+            async move {
+                let Some(tenant) = headers.get("x-scope-orgid").and_then(|v| v.to_str().ok())
+                else {
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return StatusCode::UNAUTHORIZED;
+                };
+                let req = decode(&body);
+                seen.lock().unwrap().push((
+                    tenant.to_string(),
+                    req.timeseries.len(),
+                    req.metadata
+                        .into_iter()
+                        .map(|m| m.metric_family_name)
+                        .collect(),
+                ));
+                StatusCode::OK
+            }
+        }),
+    );
+    let gateway_url = format!("http://{}/api/v1/push", common::serve(app).await);
+    let port = free_port();
+    std::fs::write(
+        dir.join("promnorm.yml"),
+        format!(
+            "listen: 127.0.0.1:{port}\nshutdown_timeout: 2s\ntenancy:\n  label: team\nbackends:\n  - name: gateway\n    url: {gateway_url}\n"
+        ),
+    )
+    .unwrap();
+    let mut proxy = Proc::new(
+        Path::new(env!("CARGO_BIN_EXE_promnorm")),
+        vec![
+            "serve".into(),
+            format!("--config={}", dir.join("promnorm.yml").display()),
+        ],
+        port,
+    );
+    proxy.start("/-/ready").await;
+    let sport = free_port();
+    std::fs::write(
+        dir.join("sender.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: t\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {}/api/v1/write\n    write_relabel_configs:\n      - source_labels: [__name__]\n        regex: tm_total\n        action: keep\n    metadata_config:\n      send_interval: 1s\n    queue_config:\n      batch_send_deadline: 250ms\n      min_backoff: 100ms\n      max_backoff: 1s\n",
+            proxy.base
+        ),
+    )
+    .unwrap();
+    let mut sender = Proc::new(
+        &prom,
+        vec![
+            format!("--config.file={}", dir.join("sender.yml").display()),
+            format!("--storage.tsdb.path={}", dir.join("sender-data").display()),
+            format!("--web.listen-address=127.0.0.1:{sport}"),
+            "--log.level=error".into(),
+        ],
+        sport,
+    );
+    sender.start("/-/ready").await;
+    let metadata_at = |tenant: &str| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, series, families)| {
+                t == tenant && *series == 0 && families.iter().any(|f| f.starts_with("tm"))
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while (metadata_at("team-a") < 2 || metadata_at("team-b") < 2) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let sender_metric = |body: &str, name: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let m = get(&format!("{}/metrics", sender.base)).await.body;
+    let (sent, retried, failed) = (
+        sender_metric(&m, "prometheus_remote_storage_metadata_total"),
+        sender_metric(&m, "prometheus_remote_storage_metadata_retried_total"),
+        sender_metric(&m, "prometheus_remote_storage_metadata_failed_total"),
+    );
+    eprintln!(
+        "e2e tenancy metadata: sender metadata_total {sent}, retried {retried}, failed {failed}; gateway: {} metadata requests at team-a, {} at team-b, {} refused without a tenant",
+        metadata_at("team-a"),
+        metadata_at("team-b"),
+        refused.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert!(metadata_at("team-a") >= 2 && metadata_at("team-b") >= 2);
+    assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(sent > 0.0);
+    assert_eq!(retried, 0.0, "the sender retried metadata");
+    assert_eq!(failed, 0.0);
+    let p = get(&format!("{}/metrics", proxy.base)).await.body;
+    assert_eq!(
+        sender_metric(&p, "promnorm_backend_misconfigured{backend=\"gateway\"}"),
+        0.0
+    );
+    drop(sender);
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -445,3 +445,149 @@ async fn every_bad_input_class_of_the_wire_table_is_answered_over_http() {
     }
     assert!(rec.requests().is_empty(), "nothing invalid was forwarded");
 }
+
+/// Sum of the values of `name`'s lines on promnorm's `/metrics` that contain every filter.
+async fn proxy_metric(p: &Proxy, name: &str, filters: &[&str]) -> f64 {
+    get(&format!("http://{}/metrics", p.addr))
+        .await
+        .body
+        .lines()
+        .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_redirecting_backend_is_misconfigured_queued_or_not() {
+    // promnorm follows no redirect (a remote-write body is not re-sent to another URL):
+    // a 3xx means the configured URL is wrong, like a 404. Before, it was "unavailable":
+    // a queue retried it forever with promnorm_backend_misconfigured at 0.
+    for code in [301u16, 302, 307, 308] {
+        let mut reply = Reply::status(code, "moved");
+        reply.headers = vec![("Location", "http://127.0.0.1:9/api/v1/write")];
+        let (b, _) = fake_backend(reply.clone()).await;
+        let (q, q_rec) = fake_backend(reply).await;
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nbackends:\n  - name: redirect{code}\n    url: {b}\n  - name: redirect_queued{code}\n    url: {q}\n    queue: {{type: memory}}\n"
+        );
+        let p = start_proxy_yaml(&yaml, Duration::from_millis(200)).await;
+        let r = post(&p.url(), small_request(), RW_HEADERS).await;
+        assert_eq!(r.status, 503, "{code}: {}", r.body);
+        assert!(
+            r.body
+                .contains(&format!("redirect{code} refused promnorm ({code})")),
+            "{code}: {}",
+            r.body
+        );
+        let gauge = |name: String| {
+            let p = &p;
+            async move {
+                proxy_metric(
+                    p,
+                    "promnorm_backend_misconfigured",
+                    &[&format!("backend=\"{name}\"")],
+                )
+                .await
+            }
+        };
+        assert_eq!(gauge(format!("redirect{code}")).await, 1.0, "{code}");
+        // The queued backend: stored (204), its sender meets the redirect and says so.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while gauge(format!("redirect_queued{code}")).await != 1.0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{code}: a queue meeting a redirect did not set promnorm_backend_misconfigured ({} attempts)",
+                q_rec.requests().len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        p.shut_down().await;
+    }
+}
+
+/// A body of `len` bytes produced chunk by chunk; `pulled` counts what was taken.
+struct CountedBody {
+    left: usize,
+    pulled: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl hyper::body::Body for CountedBody {
+    type Data = axum::body::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        static CHUNK: [u8; 64 << 10] = [b'x'; 64 << 10];
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.left.min(CHUNK.len());
+        self.left -= n;
+        self.pulled
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            axum::body::Bytes::from_static(&CHUNK[..n]),
+        ))))
+    }
+}
+
+/// A backend answering `status` with a body of `len` bytes, counting the bytes promnorm
+/// made it produce.
+async fn big_body_backend(
+    status: u16,
+    len: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let pulled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let p2 = pulled.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move || {
+            let pulled = p2.clone();
+            async move {
+                let mut resp = axum::response::Response::new(axum::body::Body::new(CountedBody {
+                    left: len,
+                    pulled,
+                }));
+                *resp.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+                resp.headers_mut()
+                    .insert("content-length", len.to_string().parse().unwrap());
+                resp
+            }
+        }),
+    );
+    let addr = serve(app).await;
+    (format!("http://{addr}/api/v1/write"), pulled)
+}
+
+#[tokio::test]
+async fn a_large_backend_answer_is_not_read_whole() {
+    // A backend answering 200 or 400 with 100 MB: promnorm needs a few hundred bytes of
+    // it (the reason of a refusal) and must neither buffer nor wait for the rest. Before,
+    // it read the whole body into memory (~200 MB per request).
+    const LEN: usize = 100 << 20;
+    for (status, want) in [(200u16, 204u16), (400, 400)] {
+        let (b, pulled) = big_body_backend(status, LEN).await;
+        let p = start_proxy(&[b], "").await;
+        for _ in 0..3 {
+            let r = post(&p.url(), small_request(), RW_HEADERS).await;
+            assert_eq!(r.status.as_u16(), want, "{status}: {}", r.body);
+            if want == 400 {
+                // The reason: a bounded prefix of the backend's body.
+                assert!(r.body.contains("xxxx"), "{}", r.body);
+                assert!(r.body.len() < 2048, "{} bytes of reason", r.body.len());
+            }
+        }
+        let pulled = pulled.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "backend {status} with {LEN} bytes: promnorm pulled {pulled} bytes over 3 requests"
+        );
+        // Loopback socket buffers let the backend write a few MB ahead of the reader.
+        assert!(
+            pulled < 3 * (16 << 20),
+            "promnorm read {pulled} bytes of three {LEN}-byte answers"
+        );
+        p.shut_down().await;
+    }
+}

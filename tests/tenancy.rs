@@ -619,3 +619,313 @@ async fn control_characters_of_a_tenant_are_escaped_wherever_it_is_shown() {
     );
     proxy.shut_down().await;
 }
+
+/// A backend that answers 204 after `delay`, counting the requests in flight (and their
+/// peak) and the connections (client addresses) it was sent requests on.
+struct SlowBackend {
+    url: String,
+    peak: Arc<AtomicUsize>,
+    peers: Arc<Mutex<BTreeSet<std::net::SocketAddr>>>,
+    served: Arc<AtomicUsize>,
+}
+
+async fn slow_backend(delay: Duration) -> SlowBackend {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let peers: Arc<Mutex<BTreeSet<std::net::SocketAddr>>> = Arc::default();
+    let served = Arc::new(AtomicUsize::new(0));
+    let (p2, f2, s2, c2) = (
+        peak.clone(),
+        in_flight.clone(),
+        peers.clone(),
+        served.clone(),
+    );
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(
+            move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<
+                std::net::SocketAddr,
+            >,
+                  _body: Bytes| {
+                let (peak, in_flight, peers, served) =
+                    (p2.clone(), f2.clone(), s2.clone(), c2.clone());
+                async move {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    peers.lock().unwrap().insert(peer);
+                    tokio::time::sleep(delay).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    served.fetch_add(1, Ordering::SeqCst);
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await;
+    });
+    SlowBackend {
+        url: format!("http://{addr}/api/v1/write"),
+        peak,
+        peers,
+        served,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_fan_out_is_bounded_per_backend_and_the_excess_is_retryable() {
+    // 5 senders' requests x 40 tenants = 200 requests to one slow backend at once.
+    // Before, promnorm opened a connection for each (25 x 1,000 tenants exhausted the
+    // file descriptors and every request failed 502/504); now at most
+    // max_concurrent_requests (default 64) are in flight, over as many pooled
+    // connections, and the excess is answered 429 at once (the sender retries).
+    let backend = slow_backend(Duration::from_millis(1500)).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  default: anonymous\nbackends:\n  - name: fanout\n    url: {}\n    timeout: 10s\n",
+        backend.url
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let tenants: Vec<String> = (0..40).map(|t| format!("t{t}")).collect();
+    let started = tokio::time::Instant::now();
+    let sends = (0..5).map(|_| {
+        let body = request(&tenants.iter().map(|t| Some(t.as_str())).collect::<Vec<_>>());
+        let url = proxy.url();
+        tokio::spawn(async move { post(&url, body, RW_HEADERS).await })
+    });
+    let mut statuses = Vec::new();
+    for s in sends.collect::<Vec<_>>() {
+        let r = s.await.unwrap();
+        statuses.push((r.status.as_u16(), r.body));
+    }
+    let took = started.elapsed();
+    let peak = backend.peak.load(Ordering::SeqCst);
+    let connections = backend.peers.lock().unwrap().len();
+    println!(
+        "200 tenant requests at once: peak {peak} in flight at the backend over {connections} connections, {} served, sender answers {:?} in {took:?}",
+        backend.served.load(Ordering::SeqCst),
+        statuses.iter().map(|s| s.0).collect::<Vec<_>>()
+    );
+    assert!(peak <= 64, "{peak} requests in flight at the backend");
+    assert!(
+        connections <= 64,
+        "{connections} connections to the backend"
+    );
+    for (status, body) in &statuses {
+        assert!(
+            *status == 204 || *status == 429,
+            "the sender gets a delivery or a retryable 429: {status} {body}"
+        );
+    }
+    assert!(
+        statuses.iter().any(|s| s.0 == 429),
+        "200 requests over a limit of 64: some were refused"
+    );
+    assert!(
+        statuses
+            .iter()
+            .filter(|s| s.0 == 429)
+            .all(|s| s.1.contains("max_concurrent_requests")),
+        "{statuses:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the excess is answered quickly"
+    );
+    assert!(
+        metric(
+            &proxy,
+            "promnorm_backend_saturated_total",
+            &["backend=\"fanout\""]
+        )
+        .await
+            >= 200.0 - 64.0
+    );
+    // The pool keeps its connections: a second wave opens no new ones.
+    let before = backend.peers.lock().unwrap().clone();
+    let r = post(
+        &proxy.url(),
+        request(
+            &tenants[..10]
+                .iter()
+                .map(|t| Some(t.as_str()))
+                .collect::<Vec<_>>(),
+        ),
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let after = backend.peers.lock().unwrap().clone();
+    assert!(
+        after.is_subset(&before),
+        "new connections although {} were pooled: {:?}",
+        before.len(),
+        after.difference(&before).collect::<Vec<_>>()
+    );
+    proxy.shut_down().await;
+}
+
+/// (tenant, metadata families, series) of each request a gateway accepted.
+type GatewayLog = Arc<Mutex<Vec<(String, Vec<String>, usize)>>>;
+
+/// A tenant-aware gateway (nginx in front of Mimir): 401 without the tenant header, and
+/// 401 for the tenants in `refused`; records (tenant, metadata families, series) of the
+/// requests it accepted and counts the refused ones.
+async fn gateway(refused: &'static [&'static str]) -> (String, GatewayLog, Arc<AtomicUsize>) {
+    let log: GatewayLog = Arc::default();
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let (log2, ref2) = (log.clone(), refusals.clone());
+    let app = axum::Router::new().route(
+        "/api/v1/push",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let (log, refusals) = (log2.clone(), ref2.clone());
+            async move {
+                let tenant = headers
+                    .get("x-scope-orgid")
+                    .map(|v| v.to_str().unwrap().to_string());
+                let Some(tenant) = tenant.filter(|t| !refused.contains(&t.as_str())) else {
+                    refusals.fetch_add(1, Ordering::SeqCst);
+                    return (axum::http::StatusCode::UNAUTHORIZED, "no org id");
+                };
+                let req = decode(&body);
+                let mut families: Vec<String> = req
+                    .metadata
+                    .into_iter()
+                    .map(|m| m.metric_family_name)
+                    .collect();
+                families.sort();
+                log.lock()
+                    .unwrap()
+                    .push((tenant, families, req.timeseries.len()));
+                (axum::http::StatusCode::OK, "")
+            }
+        }),
+    );
+    let addr = common::serve(app).await;
+    (format!("http://{addr}/api/v1/push"), log, refusals)
+}
+
+fn metadata_only(families: &[&str]) -> Vec<u8> {
+    encode(&pb::WriteRequest {
+        timeseries: vec![],
+        metadata: families
+            .iter()
+            .map(|f| pb::MetricMetadata {
+                r#type: 1,
+                metric_family_name: f.to_string(),
+                help: format!("{f} help"),
+                unit: String::new(),
+            })
+            .collect(),
+    })
+}
+
+#[tokio::test]
+async fn metadata_alone_goes_to_the_tenants_seen_for_its_family_or_is_dropped_counted() {
+    // Tenancy without `default`, a sender without a tenant header (Prometheus), a
+    // gateway that requires one. Before, Prometheus' metadata-only requests went
+    // without a tenant, got 401, and the sender was answered 503 and retried forever.
+    let (url, log, refusals) = gateway(&[]).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\nbackends:\n  - name: gw_meta\n    url: {url}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    // No series seen yet: nowhere to send it. Dropped and counted, not retried.
+    let r = post(&proxy.url(), metadata_only(&["m"]), RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let series = encode(&pb::WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", "m_total"), ("tenant", "a")], &[(1.0, TS)]),
+            series(&[("__name__", "m_total"), ("tenant", "b")], &[(1.0, TS)]),
+            series(
+                &[("__name__", "other_bucket"), ("tenant", "c"), ("le", "1")],
+                &[(1.0, TS)],
+            ),
+        ],
+        metadata: vec![],
+    });
+    let r = post(&proxy.url(), series, RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    log.lock().unwrap().clear();
+    // Metadata alone, as Prometheus sends it once a minute: to the tenants whose series
+    // of each family were seen; a family never seen is dropped.
+    let r = post(
+        &proxy.url(),
+        metadata_only(&["m", "other", "unseen"]),
+        RW_HEADERS,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let mut got = log.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("a".to_string(), vec!["m".to_string()], 0),
+            ("b".to_string(), vec!["m".to_string()], 0),
+            ("c".to_string(), vec!["other".to_string()], 0),
+        ]
+    );
+    assert_eq!(
+        refusals.load(Ordering::SeqCst),
+        0,
+        "nothing went without a tenant"
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "promnorm_metadata_dropped_total",
+            &["backend=\"gw_meta\"", "reason=\"no_tenant\""]
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "promnorm_backend_misconfigured",
+            &["backend=\"gw_meta\""]
+        )
+        .await,
+        0.0
+    );
+    proxy.shut_down().await;
+}
+
+#[tokio::test]
+async fn the_misconfigured_gauge_holds_while_a_backend_keeps_refusing_some_requests() {
+    // The gateway refuses tenant `bad` (401) and accepts `good`. Before, each delivery to
+    // `good` set promnorm_backend_misconfigured back to 0, so with requests interleaved
+    // it flapped 1/0 and the alert (`for: 2m`) never fired.
+    let (url, _log, refusals) = gateway(&["bad"]).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  default: good\nbackends:\n  - name: gw_flap\n    url: {url}\n"
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let gauge = || {
+        metric(
+            &proxy,
+            "promnorm_backend_misconfigured",
+            &["backend=\"gw_flap\""],
+        )
+    };
+    for round in 0..3 {
+        let r = post(&proxy.url(), request(&[Some("bad")]), RW_HEADERS).await;
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert_eq!(gauge().await, 1.0, "round {round}: after a refusal");
+        let r = post(&proxy.url(), request(&[Some("good"), None]), RW_HEADERS).await;
+        assert_eq!(r.status, 204, "{}", r.body);
+        assert_eq!(
+            gauge().await,
+            1.0,
+            "round {round}: a delivery for another tenant does not clear the refusal"
+        );
+    }
+    assert_eq!(refusals.load(Ordering::SeqCst), 3);
+    proxy.shut_down().await;
+}

@@ -281,12 +281,18 @@ fn derived_state_bytes_per_series() {
 }
 
 /// Splitting the mapped requests by tenant (`wire::split`, one body per `instance`)
-/// allocates nothing once warm.
+/// allocates nothing once warm, the memory of each name's tenants (for metadata sent
+/// alone) included.
 #[test]
 fn zero_alloc_tenant_split() {
     use promnorm::wire::bodies::{BodyEncoder, V2Output};
-    use promnorm::wire::split::{SplitOptions, TenantSplit};
+    use promnorm::wire::split::{FamilyTenants, Orphans, SplitOptions, TenantSplit};
     let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let memory = std::sync::Mutex::new(FamilyTenants::new());
+    let orphans = Orphans {
+        memory: &memory,
+        untenanted_ok: false,
+    };
     let mut bodies_enc = BodyEncoder::default();
     let pipeline = Config::embedded_default().pipeline().unwrap();
     let mut ws = pipeline.take_workspace();
@@ -302,7 +308,9 @@ fn zero_alloc_tenant_split() {
         for b in bodies {
             pipeline.process(&mut ws, b).expect("valid payload");
             let before = allocations();
-            let out = split.split(&ws.encoded, &opts).expect("splits");
+            let out = split
+                .split_routed(&ws.encoded, &opts, &orphans)
+                .expect("splits");
             // Each tenant's body compressed as 1.0 and encoded as 2.0 (what routing
             // does before it hands the bodies to the backends).
             for t in out {

@@ -275,6 +275,10 @@ pub struct BackendConfig {
         serialize_with = "se_duration"
     )]
     pub timeout: Duration,
+    /// Requests in flight to this backend at once (pooled connections); a request that
+    /// finds no slot within 1s is answered `429` unsent. Bounds tenant routing's fan-out.
+    #[serde(default = "default_max_concurrent_requests")]
+    pub max_concurrent_requests: usize,
     /// Extra headers set on every request (e.g. `X-Scope-OrgID`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -418,6 +422,7 @@ impl BackendConfig {
             name: None,
             url,
             timeout: default_timeout(),
+            max_concurrent_requests: default_max_concurrent_requests(),
             headers: BTreeMap::new(),
             pass_headers: Vec::new(),
             basic_auth: None,
@@ -751,6 +756,10 @@ fn disk_usage(dir: &Path) -> u64 {
 
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_max_concurrent_requests() -> usize {
+    64
 }
 
 /// Parses a listen address as Prometheus and vmagent take it: `host:port`, `:port`
@@ -1236,6 +1245,18 @@ impl Config {
                     format_byte_size(sizing.max_body_bytes)
                 ));
             }
+            if let Some(t) = b.effective_tenancy(self.tenancy.as_ref())
+                && t.default.is_none()
+                && !b.headers.keys().any(|k| k.eq_ignore_ascii_case(&t.header))
+            {
+                out.push(format!(
+                    "{}backend {}: tenancy without default: series without the {:?} label go with the sender's {} header, or with none when it sent none (a gateway requiring it answers 401 and the sender retries); metadata sent alone goes to the tenants seen with its family, else is dropped (promnorm_metadata_dropped_total). Set tenancy.default",
+                    self.position("tenancy", ""),
+                    b.name_or_default(i),
+                    t.label,
+                    t.header
+                ));
+            }
             if b.queue.kind == QueueType::Disk
                 && let Some(dir) = &b.queue.dir
                 && let Some(existing) = dir.ancestors().find(|a| a.exists())
@@ -1437,6 +1458,13 @@ impl Config {
                     ));
                 }
             }
+            if !(1..=10_000).contains(&b.max_concurrent_requests) {
+                return Err(self.invalid_at(
+                    "max_concurrent_requests",
+                    &b.max_concurrent_requests.to_string(),
+                    format!("backend {name}: max_concurrent_requests must be from 1 to 10000"),
+                ));
+            }
             self.check_backend_files(&name, b)?;
             self.check_queue(&name, b, &mut queue_dirs)?;
             if let Some(t) = b.effective_tenancy(self.tenancy.as_ref()) {
@@ -1565,6 +1593,43 @@ mod tests {
                 }
             ),
             "{err:?}"
+        );
+    }
+
+    #[test]
+    fn tenancy_without_default_warns_and_max_concurrent_requests_is_checked() {
+        let warned = |text: &str| {
+            Config::parse(text, "t.yaml")
+                .unwrap()
+                .warnings()
+                .into_iter()
+                .any(|w| w.contains("tenancy without default"))
+        };
+        let b = "backends:\n  - url: http://x/api/v1/push\n";
+        assert!(warned(&format!("tenancy: {{label: tenant}}\n{b}")));
+        assert!(!warned(&format!("tenancy: {{default: anonymous}}\n{b}")));
+        assert!(!warned(b), "no tenancy");
+        assert!(
+            !warned(
+                "tenancy: {}\nbackends:\n  - url: http://x/api/v1/push\n    headers: {x-scope-orgid: a}\n"
+            ),
+            "a fixed tenant header"
+        );
+        assert!(!warned(
+            "tenancy: {}\nbackends:\n  - url: http://x/api/v1/push\n    tenancy: {enabled: false}\n"
+        ));
+        let c = Config::parse(b, "t.yaml").unwrap();
+        assert_eq!(c.backends[0].max_concurrent_requests, 64);
+        let err = Config::parse(
+            "backends:\n  - url: http://x/api/v1/push\n    max_concurrent_requests: 0\n",
+            "m.yaml",
+        )
+        .unwrap()
+        .check()
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "m.yaml:3:30: backend default: max_concurrent_requests must be from 1 to 10000"
         );
     }
 }

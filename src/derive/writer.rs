@@ -105,6 +105,7 @@ impl Writer {
                 samples: chunk.len() as u64,
                 memory: None,
                 limit_tenants: false,
+                sender: None,
             };
             let routed = self.forwarder.route(
                 &mapped,

@@ -1,7 +1,7 @@
 //! A remote-write 1.0 backend reached over HTTP(S) with a pooled hyper client.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use super::{
     BackendError, BackendOptions, BackendProtocol, BackendSettings, Encoded, Outcome, OutcomeClass,
@@ -17,19 +18,81 @@ use super::{
 };
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
+/// Bytes of a refusal's body kept as its reason.
 const REASON_LIMIT: usize = 512;
+/// Bytes of an answer's body read past the reason and discarded, so that the connection
+/// goes back to the pool; a longer body (a backend answering megabytes) closes the
+/// connection instead: reading it would cost time, and keeping it memory.
+const DRAIN_LIMIT: usize = 64 << 10;
+/// How long the rest of a body may take to arrive before the connection is closed.
+const DRAIN_TIME: Duration = Duration::from_millis(500);
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 pub struct HttpBackend {
     settings: BackendSettings,
     client: HttpsClient,
-    /// The backend's last answer said promnorm's credentials or URL are wrong.
-    misconfigured: AtomicBool,
     protocol: BackendProtocol,
     /// `protocol: auto` found the backend speaks only 1.0.
     fell_back: AtomicBool,
     tenancy: Option<TenancyOptions>,
+    /// Requests in flight to this backend (`max_concurrent_requests`): tenant routing
+    /// multiplies one sender's request by its tenants, and each request in flight holds
+    /// a connection (a file descriptor, socket buffers).
+    in_flight: Semaphore,
+    max_concurrent: usize,
+    /// The refusals the misconfigured state holds on.
+    config_state: ConfigState,
+}
+
+/// How long a request waits for one of the backend's `max_concurrent_requests` slots
+/// before the sender is answered `429` (at most the backend's `timeout`): long enough to
+/// smooth a burst, short enough that an overloaded backend answers the excess at once.
+const PERMIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the misconfigured state outlives the backend's last refusal. A backend
+/// that refuses some requests and accepts others (a gateway refusing one tenant, or
+/// requests without a tenant) is misconfigured all along: a delivery in between must not
+/// clear the state, or the gauge flaps and an alert with `for:` never fires. A delivery
+/// clears it only when nothing was refused for this long; the alert's `for: 2m` and the
+/// senders' and queues' backoffs (at most 30 s) fit well within it.
+const MISCONFIGURED_HOLD: Duration = Duration::from_secs(300);
+
+/// The misconfigured state: when the backend last refused promnorm.
+#[derive(Default)]
+struct ConfigState {
+    last_refusal: std::sync::Mutex<Option<Instant>>,
+}
+
+/// What one answer changed in the misconfigured state.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    None,
+    Started,
+    Ended,
+}
+
+impl ConfigState {
+    /// Notes a refusal (`refused`) or a delivery at `now`; returns whether the backend
+    /// counts as misconfigured now, and what changed.
+    fn note(&self, refused: bool, now: Instant, hold: Duration) -> (bool, Change) {
+        let mut last = self
+            .last_refusal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if refused {
+            let was = last.replace(now).is_some();
+            return (true, if was { Change::None } else { Change::Started });
+        }
+        match *last {
+            Some(t) if now.saturating_duration_since(t) >= hold => {
+                *last = None;
+                (false, Change::Ended)
+            }
+            Some(_) => (true, Change::None),
+            None => (false, Change::None),
+        }
+    }
 }
 
 /// The headers by which a 2.0 receiver confirms what it wrote.
@@ -81,9 +144,13 @@ impl HttpBackend {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
+        let max_concurrent = opts.max_concurrent_requests.max(1);
+        crate::telemetry::register_backend(&name, opts.tenancy.is_some());
+        // As many idle connections as requests may be in flight: a burst's connections
+        // are reused, not closed into TIME_WAIT and opened again.
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .pool_max_idle_per_host(64)
+            .pool_max_idle_per_host(max_concurrent)
             .build(connector);
         Ok(HttpBackend {
             settings: BackendSettings {
@@ -94,10 +161,12 @@ impl HttpBackend {
                 pass_headers,
             },
             client,
-            misconfigured: AtomicBool::new(false),
             protocol: opts.protocol,
             fell_back: AtomicBool::new(false),
             tenancy: opts.tenancy,
+            in_flight: Semaphore::new(max_concurrent),
+            max_concurrent,
+            config_state: ConfigState::default(),
         })
     }
 
@@ -109,19 +178,25 @@ impl HttpBackend {
         if class != OutcomeClass::Delivered && !refused {
             return;
         }
-        crate::telemetry::backend_misconfigured(&self.settings.name, refused);
-        let was = self.misconfigured.swap(refused, Ordering::Relaxed);
-        if refused && !was {
-            if let Outcome::Rejected { status, reason, .. } = outcome {
-                tracing::error!(
-                    backend = %self.settings.name,
-                    status = status.as_u16(),
-                    %reason,
-                    "backend refuses promnorm's credentials or URL; senders are asked to retry until the configuration is fixed"
-                );
+        let (state, change) = self
+            .config_state
+            .note(refused, Instant::now(), MISCONFIGURED_HOLD);
+        crate::telemetry::backend_misconfigured(&self.settings.name, state);
+        match change {
+            Change::Started => {
+                if let Outcome::Rejected { status, reason, .. } = outcome {
+                    tracing::error!(
+                        backend = %self.settings.name,
+                        status = status.as_u16(),
+                        %reason,
+                        "backend refuses promnorm's credentials or URL; senders are asked to retry until the configuration is fixed"
+                    );
+                }
             }
-        } else if !refused && was {
-            tracing::info!(backend = %self.settings.name, "backend accepts promnorm's requests again");
+            Change::Ended => {
+                tracing::info!(backend = %self.settings.name, "backend accepts promnorm's requests again");
+            }
+            Change::None => {}
         }
     }
 
@@ -236,8 +311,21 @@ impl HttpBackend {
                 );
             }
         };
-        let started = Instant::now();
         let name = &self.settings.name;
+        let wait = PERMIT_WAIT.min(self.settings.timeout);
+        let Ok(Ok(_permit)) = tokio::time::timeout(wait, self.in_flight.acquire()).await else {
+            crate::telemetry::backend_saturated(name);
+            let outcome = Outcome::Rejected {
+                status: http::StatusCode::TOO_MANY_REQUESTS,
+                retry_after: Some(HeaderValue::from_static("1")),
+                reason: format!(
+                    "promnorm has {} requests in flight to this backend (backends[].max_concurrent_requests); retry later",
+                    self.max_concurrent
+                ),
+            };
+            return (outcome, false);
+        };
+        let started = Instant::now();
         let result = tokio::time::timeout(self.settings.timeout, async {
             let resp = self
                 .client
@@ -249,12 +337,9 @@ impl HttpBackend {
             let confirmed = WRITTEN_HEADERS
                 .iter()
                 .any(|h| resp.headers().contains_key(*h));
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
+            // Only a refusal's reason is read; what follows is discarded unbuffered.
+            let want = if status.is_success() { 0 } else { REASON_LIMIT };
+            let body = read_prefix(resp.into_body(), want).await;
             Ok::<_, String>((status, retry_after, body, confirmed))
         })
         .await;
@@ -268,9 +353,12 @@ impl HttpBackend {
                 let outcome = if status.is_success() {
                     Outcome::Delivered
                 } else {
-                    let mut reason = String::from_utf8_lossy(&body[..body.len().min(REASON_LIMIT)])
+                    // A backend's text goes into logs and the sender's answer: one line,
+                    // control characters escaped.
+                    let text = String::from_utf8_lossy(&body[..body.len().min(REASON_LIMIT)])
                         .trim()
-                        .replace('\n', " ");
+                        .replace(['\n', '\r'], " ");
+                    let mut reason = super::route::printable(text.as_bytes());
                     if reason.is_empty() {
                         reason = status.canonical_reason().unwrap_or("").to_string();
                     }
@@ -315,6 +403,33 @@ impl Sink for HttpBackend {
     }
 }
 
+/// The first `want` bytes of `body`; the rest is read and discarded up to
+/// [`DRAIN_LIMIT`] bytes and [`DRAIN_TIME`] (the connection is then reused), or dropped
+/// with the connection. Never holds more than `want` bytes.
+async fn read_prefix<B>(mut body: B, want: usize) -> Vec<u8>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    let mut prefix = Vec::new();
+    let mut seen = 0usize;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { break };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let room = want.saturating_sub(prefix.len());
+            prefix.extend_from_slice(&data[..data.len().min(room)]);
+            seen = seen.saturating_add(data.len());
+            if seen > want.saturating_add(DRAIN_LIMIT) {
+                break;
+            }
+        }
+    })
+    .await;
+    prefix
+}
+
 fn secret_header(v: &str) -> Result<HeaderValue, BackendError> {
     let mut h = HeaderValue::from_str(v).map_err(|_| BackendError::Credential)?;
     h.set_sensitive(true);
@@ -349,10 +464,33 @@ fn base64_encode(input: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn the_misconfigured_state_holds_across_deliveries_until_refusals_stop() {
+        let s = ConfigState::default();
+        let hold = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        assert_eq!(s.note(false, at(0), hold), (false, Change::None));
+        assert_eq!(s.note(true, at(1), hold), (true, Change::Started));
+        // Deliveries to other tenants in between: still misconfigured (no flapping).
+        for k in 0..20 {
+            assert_eq!(s.note(false, at(2 + 30 * k), hold), (true, Change::None));
+            assert_eq!(s.note(true, at(3 + 30 * k), hold), (true, Change::None));
+        }
+        // Refusals stop: the state ends with the first delivery after the hold.
+        let last = 3 + 30 * 19;
+        assert_eq!(s.note(false, at(last + 299), hold), (true, Change::None));
+        assert_eq!(s.note(false, at(last + 300), hold), (false, Change::Ended));
+        assert_eq!(s.note(false, at(last + 301), hold), (false, Change::None));
+        assert_eq!(s.note(true, at(last + 302), hold), (true, Change::Started));
+    }
+
     #[test]
     fn base64() {
-        assert_eq!(super::base64_encode(b"user:pass"), "dXNlcjpwYXNz");
-        assert_eq!(super::base64_encode(b"a"), "YQ==");
-        assert_eq!(super::base64_encode(b"ab"), "YWI=");
+        assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64_encode(b"a"), "YQ==");
+        assert_eq!(base64_encode(b"ab"), "YWI=");
     }
 }

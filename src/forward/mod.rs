@@ -445,8 +445,10 @@ pub enum OutcomeClass {
     Unavailable,
     /// 429: the backend asks us to slow down.
     Throttled,
-    /// 401, 403, 404, 405, 407: promnorm's own credentials or URL are wrong. Not the
-    /// data's fault, so the data must be kept (retried) until the operator fixes it.
+    /// 401, 403, 404, 405, 407, and redirects (301, 302, 303, 307, 308: promnorm follows
+    /// none, a remote-write body is not re-sent elsewhere): promnorm's own credentials or
+    /// URL are wrong. Not the data's fault, so the data must be kept (retried) until the
+    /// operator fixes it.
     Misconfigured,
     /// Any other 4xx (400, 409, 422, …): this data can never succeed.
     DataRejected,
@@ -487,9 +489,12 @@ pub fn classify_status(status: StatusCode) -> OutcomeClass {
         200..=299 => OutcomeClass::Delivered,
         429 => OutcomeClass::Throttled,
         401 | 403 | 404 | 405 | 407 => OutcomeClass::Misconfigured,
+        // A redirect: the configured URL is not the receiver's (http:// to https://, a
+        // moved path). Retrying the same URL can never succeed.
+        301 | 302 | 303 | 307 | 308 => OutcomeClass::Misconfigured,
         408 => OutcomeClass::Unavailable,
         400..=499 => OutcomeClass::DataRejected,
-        // 5xx, and 1xx/3xx, which are no delivery either.
+        // 5xx, and 1xx and the other 3xx, which are no delivery either.
         _ => OutcomeClass::Unavailable,
     }
 }
@@ -582,6 +587,9 @@ pub struct BackendOptions {
     pub tls: TlsOptions,
     pub protocol: BackendProtocol,
     pub tenancy: Option<TenancyOptions>,
+    /// Requests in flight at once (`backends[].max_concurrent_requests`); beyond them a
+    /// request waits briefly, then is answered `429` unsent.
+    pub max_concurrent_requests: usize,
 }
 
 #[derive(Clone, PartialEq)]
@@ -685,6 +693,17 @@ mod tests {
         }
         assert!(!rejected(400).is_retryable());
         assert!(rejected(408).is_retryable());
+    }
+
+    #[test]
+    fn a_redirect_is_a_misconfigured_url() {
+        for code in [301, 302, 303, 307, 308] {
+            let o = rejected(code);
+            assert_eq!(o.class(), OutcomeClass::Misconfigured, "{code}");
+            assert!(o.is_retryable(), "{code}");
+            assert_eq!(v(&[o]).status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        }
+        assert_eq!(rejected(304).class(), OutcomeClass::Unavailable);
         assert!(Outcome::Timeout.is_retryable());
     }
 }

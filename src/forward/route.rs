@@ -3,7 +3,7 @@
 //! one split of the mapped body by the tenant label's value ([`crate::wire::split`]):
 //! one payload per tenant, carrying the tenant for the backend's tenant header.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -12,7 +12,7 @@ use super::{Outcome, Payload, Sink};
 use crate::wire::DecodeError;
 use crate::wire::bodies::{BodyEncoder, V2Output};
 use crate::wire::encode_v2::MetadataMemory;
-use crate::wire::split::{SplitError, SplitOptions, TenantSplit};
+use crate::wire::split::{FamilyTenants, Orphans, SplitError, SplitOptions, TenantSplit};
 
 /// A backend's tenant routing (`tenancy`), resolved from configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub struct TenancyOptions {
     pub keep_label: bool,
     /// A request naming more tenants is refused (`400`).
     pub max_tenants_per_request: usize,
+    /// The backend's own `headers` set `header`: a request without a tenant still
+    /// carries one (metadata with nowhere else to go is sent, not dropped).
+    pub fixed_header: bool,
 }
 
 /// One body for one sink.
@@ -60,6 +63,9 @@ pub struct Mapped<'a> {
     /// derived writer's batches have no sender to refuse and are split whatever their
     /// number of tenants.
     pub limit_tenants: bool,
+    /// The sender's headers (its tenant header goes with series without a tenant);
+    /// `None` for the derived writer's batches.
+    pub sender: Option<&'a http::HeaderMap>,
 }
 
 /// Why a request could not be routed.
@@ -79,7 +85,16 @@ pub struct Routing {
     /// Sinks without tenancy.
     plain: Vec<usize>,
     /// Each distinct tenancy setting and its sinks.
-    tenanted: Vec<(TenancyOptions, Vec<usize>)>,
+    tenanted: Vec<Tenanted>,
+}
+
+/// Sinks with one tenancy setting.
+#[derive(Debug)]
+struct Tenanted {
+    opts: TenancyOptions,
+    members: Vec<usize>,
+    /// The tenants recently seen per metric name, for metadata sent without series.
+    memory: Mutex<FamilyTenants>,
 }
 
 impl Routing {
@@ -88,9 +103,13 @@ impl Routing {
         for (i, s) in sinks.iter().enumerate() {
             match s.tenancy() {
                 None => r.plain.push(i),
-                Some(t) => match r.tenanted.iter_mut().find(|(o, _)| o == t) {
-                    Some((_, members)) => members.push(i),
-                    None => r.tenanted.push((t.clone(), vec![i])),
+                Some(t) => match r.tenanted.iter_mut().find(|g| &g.opts == t) {
+                    Some(g) => g.members.push(i),
+                    None => r.tenanted.push(Tenanted {
+                        opts: t.clone(),
+                        members: vec![i],
+                        memory: Mutex::default(),
+                    }),
                 },
             }
         }
@@ -135,7 +154,12 @@ impl Routing {
                 });
             }
         }
-        for (opts, members) in &self.tenanted {
+        for Tenanted {
+            opts,
+            members,
+            memory,
+        } in &self.tenanted
+        {
             let split = SplitOptions {
                 label: opts.label.as_bytes(),
                 default: opts.default.as_deref().map(str::as_bytes),
@@ -146,8 +170,15 @@ impl Routing {
                     usize::MAX
                 },
             };
-            let tenants = match split_scratch.split(mapped.body, &split) {
-                Ok(b) => b,
+            // Metadata alone (Prometheus sends it so) goes to the tenants of its family's
+            // series; never without a tenant to a backend that needs one.
+            let orphans = Orphans {
+                memory,
+                untenanted_ok: opts.fixed_header
+                    || mapped.sender.is_some_and(|h| h.contains_key(&opts.header)),
+            };
+            match split_scratch.split_routed(mapped.body, &split, &orphans) {
+                Ok(_) => {}
                 Err(SplitError::TooManyTenants(limit)) => {
                     return Err(RouteError::TooManyTenants {
                         limit,
@@ -156,6 +187,17 @@ impl Routing {
                 }
                 Err(SplitError::Decode(e)) => return Err(e.into()),
             };
+            for (reason, n) in [
+                ("no_tenant", split_scratch.metadata_dropped()),
+                ("tenant_copies", split_scratch.metadata_skipped()),
+            ] {
+                if n > 0 {
+                    for &i in members {
+                        crate::telemetry::metadata_dropped(sinks[i].name(), reason, n);
+                    }
+                }
+            }
+            let tenants = split_scratch.tenant_bodies();
             let wants_v2 = members.iter().any(|&i| sinks[i].wants_v2());
             let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
             for tb in tenants {
@@ -196,10 +238,6 @@ impl Routing {
                         refused: refused.clone(),
                     });
                 }
-            }
-            let skipped = split_scratch.metadata_skipped();
-            if skipped > 0 {
-                crate::telemetry::metadata_dropped("tenant_copies", skipped);
             }
         }
         Ok(())

@@ -432,6 +432,7 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
                     samples: forwarded,
                     memory: Some(st.pipeline.metadata_memory()),
                     limit_tenants: true,
+                    sender: Some(&headers),
                 };
                 let routed =
                     st.forwarder

@@ -4,9 +4,13 @@
 //! A metadata entry goes to the tenants that have a series of its family in the request
 //! (never to the others: a family's help text is one tenant's business); an entry whose
 //! family has no series in the request (Prometheus 1.0 sends metadata in requests of
-//! their own) goes to the body of series without a tenant (`default`, or the sender's).
+//! their own) goes to the tenants recently seen with series of that family
+//! ([`FamilyTenants`], with [`TenantSplit::split_routed`]), else to the body of series
+//! without a tenant (`default`, or the sender's), unless that body reaches no tenant:
+//! then it is dropped, and counted by the caller.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Mutex;
 
 use ahash::AHashMap;
 
@@ -34,6 +38,100 @@ pub enum SplitError {
     TooManyTenants(usize),
     #[error(transparent)]
     Decode(#[from] DecodeError),
+}
+
+/// How many tenants [`FamilyTenants`] remembers per metric name.
+pub const TENANTS_PER_NAME: usize = 8;
+/// How many metric names [`FamilyTenants`] remembers (the least recently seen go first).
+pub const REMEMBERED_NAMES: usize = 4096;
+
+/// The tenants series of each metric name were last routed to: where metadata sent
+/// without series goes. Bounded: [`TENANTS_PER_NAME`] tenants for each of at most
+/// [`REMEMBERED_NAMES`] names, in two generations (a full current generation becomes
+/// the previous one, the old previous one is forgotten; a name found in the previous
+/// one moves back to the current one), so memory stays bounded whatever senders invent.
+#[derive(Debug, Default)]
+pub struct FamilyTenants {
+    current: AHashMap<Box<[u8]>, Recent>,
+    previous: AHashMap<Box<[u8]>, Recent>,
+}
+
+/// The last tenants of one name, most recent first; `None`: series without a tenant
+/// (the sender's tenant header). Vectors, so that a forgotten tenant's buffer takes the
+/// new one: a name seen with more tenants than it remembers costs no allocation.
+type Recent = Vec<Option<Vec<u8>>>;
+
+impl FamilyTenants {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes that a series named `name` went to `tenant`. Allocates only for a name not
+    /// remembered yet, or a tenant longer than the one it replaces.
+    pub fn note(&mut self, name: &[u8], tenant: Option<&[u8]>) {
+        let recent = match self.current.get_mut(name) {
+            Some(r) => r,
+            None => {
+                let r = self
+                    .previous
+                    .remove(name)
+                    .unwrap_or_else(|| Vec::with_capacity(TENANTS_PER_NAME));
+                if self.current.len() >= REMEMBERED_NAMES / 2 {
+                    self.previous = std::mem::take(&mut self.current);
+                }
+                self.current.entry(Box::from(name)).or_insert(r)
+            }
+        };
+        match recent.iter().position(|t| t.as_deref() == tenant) {
+            Some(0) => {}
+            Some(i) => recent[..=i].rotate_right(1),
+            None => {
+                let reused = if recent.len() >= TENANTS_PER_NAME {
+                    recent.pop().flatten()
+                } else {
+                    None
+                };
+                let entry = tenant.map(|t| {
+                    let mut buf = reused.unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(t);
+                    buf
+                });
+                recent.insert(0, entry);
+            }
+        }
+    }
+
+    /// The tenants series named `name` went to recently, most recent first.
+    pub fn recent(&self, name: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
+        self.current
+            .get(name)
+            .or_else(|| self.previous.get(name))
+            .into_iter()
+            .flatten()
+            .map(|t| t.as_deref())
+    }
+
+    /// Names remembered.
+    pub fn len(&self) -> usize {
+        self.current.len() + self.previous.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where metadata without series of its family in the request goes
+/// ([`TenantSplit::split_routed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Orphans<'a> {
+    /// The tenants recently seen per metric name; the split also records its own.
+    pub memory: &'a Mutex<FamilyTenants>,
+    /// True when the body of series without a tenant reaches a tenant (a `default`, the
+    /// sender's tenant header, a fixed one in the backend's headers); false: an entry
+    /// that has nowhere else to go is dropped ([`TenantSplit::metadata_dropped`]).
+    pub untenanted_ok: bool,
 }
 
 /// One tenant's share of a request.
@@ -70,6 +168,15 @@ pub struct TenantSplit {
     targets: Vec<u32>,
     /// Metadata copies left out of the last split by [`METADATA_COPY_FLOOR`]'s bound.
     metadata_skipped: u64,
+    /// (hash of a series' name, its tenant body, the name's bounds): what this request
+    /// teaches the [`FamilyTenants`] memory.
+    seen: Vec<(u64, u32, u32, u32)>,
+    /// A family name plus a suffix, to look up in the memory.
+    name_buf: Vec<u8>,
+    /// Tenants the memory gave for one metadata entry.
+    remembered: Vec<Option<Vec<u8>>>,
+    /// Metadata entries of the last split that had no tenant to go to.
+    metadata_dropped: u64,
 }
 
 /// Metadata copies beyond an entry's first may add up to the mapped body's size, or
@@ -155,15 +262,52 @@ impl TenantSplit {
 
     /// Splits `v1` (a mapped 1.0 request) by tenant; returns one body per tenant, in the
     /// order tenants first appear. A request without series or metadata yields no body.
+    /// Metadata without series of its family in the request goes to the body without a
+    /// tenant.
     pub fn split(
         &mut self,
         v1: &[u8],
         opts: &SplitOptions<'_>,
     ) -> Result<&[TenantBody], SplitError> {
+        self.split_inner(v1, opts, None)
+    }
+
+    /// [`TenantSplit::split`] for routing: metadata without series of its family in the
+    /// request goes to the tenants `orphans.memory` remembers for the family, else to the
+    /// body without a tenant when that reaches one, else nowhere (counted in
+    /// [`TenantSplit::metadata_dropped`]); the request's own series are remembered.
+    pub fn split_routed(
+        &mut self,
+        v1: &[u8],
+        opts: &SplitOptions<'_>,
+        orphans: &Orphans<'_>,
+    ) -> Result<&[TenantBody], SplitError> {
+        self.split_inner(v1, opts, Some(orphans))
+    }
+
+    /// The bodies of the last split.
+    pub fn tenant_bodies(&self) -> &[TenantBody] {
+        &self.bodies[..self.used]
+    }
+
+    /// Metadata entries the last split dropped: no series of their family in the request
+    /// or remembered, and no tenant for the body without one.
+    pub fn metadata_dropped(&self) -> u64 {
+        self.metadata_dropped
+    }
+
+    fn split_inner(
+        &mut self,
+        v1: &[u8],
+        opts: &SplitOptions<'_>,
+        orphans: Option<&Orphans<'_>>,
+    ) -> Result<&[TenantBody], SplitError> {
         self.used = 0;
         self.index.clear();
         self.families.clear();
         self.metadata_skipped = 0;
+        self.seen.clear();
+        self.metadata_dropped = 0;
         // Families are recorded only when there is metadata to place.
         let mut has_metadata = false;
         let mut r = Reader::new(v1, 0, v1.len());
@@ -212,6 +356,14 @@ impl TenantSplit {
             if has_metadata {
                 self.note_families(v1, metric_name, i as u32);
             }
+            if orphans.is_some() && metric_name.1 > metric_name.0 {
+                let h = self.hasher.hash_one(&v1[metric_name.0..metric_name.1]);
+                // Series of one name tend to come together: skip the obvious repeats.
+                if self.seen.last().is_none_or(|l| (l.0, l.1) != (h, i as u32)) {
+                    self.seen
+                        .push((h, i as u32, metric_name.0 as u32, metric_name.1 as u32));
+                }
+            }
             let body = &mut self.bodies[i];
             body.series += 1;
             body.samples += samples;
@@ -226,7 +378,23 @@ impl TenantSplit {
             }
         }
         if has_metadata {
-            self.place_metadata(v1, opts)?;
+            self.place_metadata(v1, opts, orphans)?;
+        }
+        if let Some(o) = orphans
+            && !self.seen.is_empty()
+        {
+            self.seen.sort_unstable_by_key(|s| (s.0, s.1));
+            self.seen.dedup_by_key(|s| (s.0, s.1));
+            let mut memory = o
+                .memory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for &(_, body, start, end) in &self.seen {
+                memory.note(
+                    &v1[start as usize..end as usize],
+                    self.bodies[body as usize].tenant(),
+                );
+            }
         }
         Ok(&self.bodies[..self.used])
     }
@@ -254,7 +422,12 @@ impl TenantSplit {
 
     /// Appends each metadata entry to the bodies of the tenants with a series of its
     /// family, or to the body without a tenant when no series of it is here.
-    fn place_metadata(&mut self, v1: &[u8], opts: &SplitOptions<'_>) -> Result<(), SplitError> {
+    fn place_metadata(
+        &mut self,
+        v1: &[u8],
+        opts: &SplitOptions<'_>,
+        orphans: Option<&Orphans<'_>>,
+    ) -> Result<(), SplitError> {
         self.families.sort_unstable_by_key(|f| (f.0, f.1));
         self.families.dedup_by_key(|f| (f.0, f.1));
         let mut copies_left = v1.len().max(METADATA_COPY_FLOOR);
@@ -281,6 +454,15 @@ impl TenantSplit {
                     self.targets.push(f.1);
                 }
             }
+            if self.targets.is_empty()
+                && let Some(o) = orphans
+            {
+                self.place_orphan(family, opts, o)?;
+                if self.targets.is_empty() {
+                    self.metadata_dropped += 1;
+                    continue;
+                }
+            }
             if self.targets.is_empty() {
                 let i = self.body_for(opts.default, opts.max_tenants)?;
                 self.targets.push(i as u32);
@@ -305,6 +487,56 @@ impl TenantSplit {
     /// ([`METADATA_COPY_FLOOR`]); each tenant still gets its series.
     pub fn metadata_skipped(&self) -> u64 {
         self.metadata_skipped
+    }
+}
+
+impl TenantSplit {
+    /// The bodies a metadata entry of `family` goes to when no series of it is in the
+    /// request: the tenants remembered for the family's names, else the body without a
+    /// tenant when it reaches one (`default`, `untenanted_ok`); none: it is dropped.
+    fn place_orphan(
+        &mut self,
+        family: &[u8],
+        opts: &SplitOptions<'_>,
+        o: &Orphans<'_>,
+    ) -> Result<(), SplitError> {
+        self.remembered.clear();
+        {
+            let memory = o
+                .memory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for suffix in std::iter::once(&b""[..]).chain(FAMILY_SUFFIXES) {
+                self.name_buf.clear();
+                self.name_buf.extend_from_slice(family);
+                self.name_buf.extend_from_slice(suffix);
+                for t in memory.recent(&self.name_buf) {
+                    if !self.remembered.iter().any(|r| r.as_deref() == t) {
+                        self.remembered.push(t.map(<[u8]>::to_vec));
+                    }
+                }
+            }
+        }
+        let untenanted_ok = o.untenanted_ok || opts.default.is_some();
+        let remembered = std::mem::take(&mut self.remembered);
+        for t in &remembered {
+            // Series without a tenant went to `default` when there is one (and were
+            // remembered under it), so `None` here is the sender's tenant.
+            if t.is_none() && !untenanted_ok {
+                continue;
+            }
+            // The tenants come from the memory, bounded: not the request's own count.
+            let i = self.body_for(t.as_deref(), usize::MAX)? as u32;
+            if !self.targets.contains(&i) {
+                self.targets.push(i);
+            }
+        }
+        self.remembered = remembered;
+        if self.targets.is_empty() && untenanted_ok {
+            let i = self.body_for(opts.default, opts.max_tenants)?;
+            self.targets.push(i as u32);
+        }
+        Ok(())
     }
 }
 
@@ -516,5 +748,122 @@ mod tests {
             split.split(&body, &opts(None, false, 2)),
             Err(SplitError::TooManyTenants(2))
         ));
+    }
+
+    #[test]
+    fn family_tenants_are_bounded_and_keep_the_recent_ones() {
+        let mut m = FamilyTenants::new();
+        let recent = |m: &FamilyTenants, name: &[u8]| -> Vec<Option<Vec<u8>>> {
+            m.recent(name).map(|t| t.map(<[u8]>::to_vec)).collect()
+        };
+        for t in 0..20u8 {
+            m.note(b"x_total", Some(&[b'a' + t]));
+        }
+        m.note(b"x_total", None);
+        m.note(b"x_total", Some(b"t"));
+        let got = recent(&m, b"x_total");
+        assert_eq!(got.len(), TENANTS_PER_NAME);
+        assert_eq!(got[0].as_deref(), Some(&b"t"[..]), "the most recent first");
+        assert_eq!(got[1], None);
+        // Many names: at most REMEMBERED_NAMES, the recently noted ones kept.
+        for n in 0..10 * REMEMBERED_NAMES {
+            m.note(format!("n{n}").as_bytes(), Some(b"a"));
+            // One name noted all along stays.
+            m.note(b"kept", Some(b"k"));
+        }
+        assert!(m.len() <= REMEMBERED_NAMES, "{}", m.len());
+        assert_eq!(recent(&m, b"kept"), [Some(b"k".to_vec())]);
+        assert!(recent(&m, b"x_total").is_empty(), "forgotten");
+        let last = format!("n{}", 10 * REMEMBERED_NAMES - 1);
+        assert_eq!(recent(&m, last.as_bytes()).len(), 1);
+    }
+
+    #[test]
+    fn metadata_alone_goes_to_the_tenants_remembered_or_is_dropped() {
+        let memory = Mutex::new(FamilyTenants::new());
+        let mut split = TenantSplit::new();
+        let meta = |families: &[&str]| {
+            let mut out = Vec::new();
+            for f in families {
+                write_metadata(&mut out, 1, f.as_bytes(), b"H.", b"");
+            }
+            out
+        };
+        let families = |bodies: &[TenantBody]| -> Vec<(Option<String>, Vec<String>)> {
+            bodies
+                .iter()
+                .map(decoded)
+                .map(|(t, r)| {
+                    let mut f: Vec<String> = r
+                        .metadata
+                        .into_iter()
+                        .map(|m| m.metric_family_name)
+                        .collect();
+                    f.sort();
+                    (t, f)
+                })
+                .collect()
+        };
+        let strict = Orphans {
+            memory: &memory,
+            untenanted_ok: false,
+        };
+        // Nothing seen, no tenant for the body without one: dropped.
+        let bodies = split
+            .split_routed(&meta(&["up", "x"]), &opts(None, false, 10), &strict)
+            .unwrap();
+        assert!(bodies.is_empty());
+        assert_eq!(split.metadata_dropped(), 2);
+        // With a sender's tenant: to the body without one, as before.
+        let lenient = Orphans {
+            untenanted_ok: true,
+            ..strict
+        };
+        let bodies = split
+            .split_routed(&meta(&["up"]), &opts(None, false, 10), &lenient)
+            .unwrap();
+        assert_eq!(families(bodies), [(None, vec!["up".to_string()])]);
+        assert_eq!(split.metadata_dropped(), 0);
+        // Series teach the memory (`up` at a, b and without a tenant).
+        let series = request(&[Some("a"), Some("b"), None]);
+        let mut no_meta = Vec::new();
+        let mut r = crate::wire::pb::Reader::new(&series, 0, series.len());
+        while !r.is_done() {
+            let from = r.pos();
+            let (field, wire) = r.key().unwrap();
+            r.skip(wire).unwrap();
+            if field == 1 {
+                no_meta.extend_from_slice(&series[from..r.pos()]);
+            }
+        }
+        split
+            .split_routed(&no_meta, &opts(None, false, 10), &strict)
+            .unwrap();
+        let bodies = split
+            .split_routed(&meta(&["up", "x"]), &opts(None, false, 10), &strict)
+            .unwrap();
+        let mut got = families(bodies);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (Some("a".into()), vec!["up".to_string()]),
+                (Some("b".into()), vec!["up".to_string()]),
+            ],
+            "not to the sender's tenant: it has none"
+        );
+        assert_eq!(split.metadata_dropped(), 1, "x");
+        let bodies = split
+            .split_routed(&meta(&["up"]), &opts(None, false, 10), &lenient)
+            .unwrap();
+        assert_eq!(bodies.len(), 3, "a, b and the sender's tenant");
+        // A default takes what nothing else does.
+        let bodies = split
+            .split_routed(&meta(&["x"]), &opts(Some(b"anon"), false, 10), &strict)
+            .unwrap();
+        assert_eq!(
+            families(bodies),
+            [(Some("anon".into()), vec!["x".to_string()])]
+        );
     }
 }
