@@ -458,6 +458,45 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
     })
 }
 
+/// A backend URL's host and port (the scheme's port when none is written).
+fn backend_address(url: &str) -> Option<(String, u16)> {
+    let uri: http::Uri = url.parse().ok()?;
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_string(), port))
+}
+
+/// Says at start, once and without stopping anything, when a backend cannot be
+/// connected: otherwise a wrong port or a receiver that is not up yet shows only when
+/// the first request fails.
+async fn probe_backend(name: String, host: String, port: u16) {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+    let cause = match tokio::time::timeout(WITHIN, connect).await {
+        Ok(Ok(_)) => {
+            tracing::debug!(backend = %name, address = %format!("{host}:{port}"), "backend reachable");
+            return;
+        }
+        Ok(Err(e)) => {
+            let (causes, _) = crate::forward::http_backend::error_causes(Some(&e));
+            causes.join(": ")
+        }
+        Err(_) => format!("timed out after {WITHIN:?}"),
+    };
+    tracing::warn!(
+        backend = %name,
+        address = %format!("{host}:{port}"),
+        %cause,
+        "backend cannot be connected at start; its requests fail (or wait in its queue) until it is up"
+    );
+}
+
 /// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
 /// `SIGHUP` (and `POST /-/reload` when `lifecycle` is on) reloads the configuration from
 /// `source` ([`crate::reload`]).
@@ -517,6 +556,11 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
         lifecycle,
         "promnorm serving"
     );
+    for (i, b) in cfg.backends.iter().enumerate() {
+        if let Some((host, port)) = backend_address(&b.url) {
+            tokio::spawn(probe_backend(b.name_or_default(i), host, port));
+        }
+    }
     #[cfg(unix)]
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
     let app = crate::server::router_live(live, &cfg.write_paths);

@@ -120,6 +120,97 @@ enum Command {
     Man,
 }
 
+/// README, for the man page's configuration section: its table is kept equal to the
+/// schema by tests/config_docs.rs, so the page cannot drift from the code either.
+const README: &str = include_str!("../README.md");
+
+/// One page for everything: clap_mangen's title, synopsis and options, then every
+/// command with its own options (its default lists `promnorm-serve(1)` and friends,
+/// pages that do not exist), then the configuration keys.
+fn write_man(cmd: clap::Command, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd.clone());
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    writeln!(out, ".SH COMMANDS")?;
+    for sub in cmd.get_subcommands() {
+        let name = sub.get_name();
+        let usage = sub
+            .clone()
+            .bin_name(format!("promnorm {name}"))
+            .render_usage();
+        let usage = usage.to_string();
+        let usage = usage.trim_start_matches("Usage: ");
+        writeln!(out, ".SS {}", roff(name))?;
+        writeln!(out, ".B {}", roff(usage))?;
+        writeln!(out, ".br")?;
+        if let Some(about) = sub.get_long_about().or(sub.get_about()) {
+            writeln!(out, "{}", roff(&about.to_string()))?;
+        }
+        for arg in sub.get_arguments() {
+            if arg.is_hide_set() {
+                continue;
+            }
+            let flag = match (arg.get_long(), arg.get_short()) {
+                (Some(l), _) => format!("--{l}"),
+                (None, Some(s)) => format!("-{s}"),
+                (None, None) => arg.get_id().to_string().to_uppercase(),
+            };
+            writeln!(out, ".TP\n\\fB{}\\fR", roff(&flag))?;
+            if let Some(help) = arg.get_help() {
+                writeln!(out, "{}", roff(&help.to_string()))?;
+            }
+        }
+    }
+    writeln!(out, ".SH CONFIGURATION")?;
+    writeln!(
+        out,
+        "YAML, given with \\fB--config\\fR; unknown keys are errors and every key has a default. \\fBpromnorm check-config --print FILE\\fR shows the effective configuration."
+    )?;
+    let table = README
+        .split("| key | default | meaning |")
+        .nth(1)
+        .unwrap_or_default();
+    for line in table.lines().skip(2) {
+        let Some(row) = line.strip_prefix('|') else {
+            break;
+        };
+        let cells: Vec<&str> = row.trim_end_matches('|').split(" | ").collect();
+        if let [key, default, meaning, ..] = cells[..] {
+            let plain = |s: &str| s.trim().replace('`', "");
+            writeln!(
+                out,
+                ".TP\n\\fB{}\\fR (default: {})\n{}",
+                roff(&plain(key)),
+                roff(&plain(default)),
+                roff(&plain(meaning))
+            )?;
+        }
+    }
+    writeln!(out, ".SH FILES")?;
+    writeln!(
+        out,
+        "The packs are built in; \\fBexamples/promnorm.full.yaml\\fR in the source lists every key with a comment, and \\fBdocs/\\fR holds the wire, rule, queue, tenancy and telemetry references."
+    )?;
+    man.render_version_section(out)
+}
+
+/// Text as roff: backslashes escaped, and no line that starts with a control character.
+fn roff(text: &str) -> String {
+    text.replace('\\', "\\e")
+        .lines()
+        .map(|l| {
+            if l.starts_with('.') || l.starts_with('\'') {
+                format!("\\&{l}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn healthcheck(url: &str) -> anyhow::Result<bool> {
     use std::io::Write;
     let rest = url
@@ -189,7 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Man => {
             let cmd = <Cli as clap::CommandFactory>::command();
-            clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?;
+            write_man(cmd, &mut std::io::stdout().lock())?;
         }
         Command::CheckConfig { file, print } => {
             let cfg = Config::load(&file)?;

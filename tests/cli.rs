@@ -251,3 +251,140 @@ fn rules_prints_recording_rules_for_the_configured_peaks_and_refuses_bad_input()
         assert!(!ok && !err.is_empty(), "{bad:?} must fail");
     }
 }
+
+/// Issue 26: `promnorm man` is one page that stands alone: every command with its
+/// options and the configuration keys, and no reference to pages that do not exist
+/// (clap_mangen's default lists `promnorm-serve(1)` and friends).
+#[test]
+fn the_man_page_has_every_command_and_the_configuration_and_no_missing_pages() {
+    let (ok, page, err) = promnorm(&["man"]);
+    assert!(ok, "{err}");
+    assert!(
+        !page.contains("promnorm\\-"),
+        "a reference to another page: {page}"
+    );
+    for section in [
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH COMMANDS",
+        ".SH CONFIGURATION",
+    ] {
+        assert!(page.contains(section), "{section} missing");
+    }
+    for cmd in [
+        "serve",
+        "check-config",
+        "normalize",
+        "explain",
+        "rules",
+        "healthcheck",
+    ] {
+        assert!(
+            page.contains(&format!(".SS {cmd}\n")),
+            "command {cmd} missing"
+        );
+    }
+    for text in [
+        "--web.enable-lifecycle",
+        "limits.max_inflight_bytes",
+        "backends[].url",
+    ] {
+        assert!(page.contains(text), "{text} missing");
+    }
+    // No line of text may be taken for a roff request.
+    for line in page.lines() {
+        assert!(
+            !line.starts_with(". ") && !line.starts_with("'"),
+            "{line:?}"
+        );
+    }
+}
+
+/// Issue 26: a backend that cannot be connected is said at start (one warning naming
+/// the address and the cause, the proxy keeps running), and a request's answer names
+/// them too instead of `client error (Connect)`.
+#[test]
+fn an_unreachable_backend_is_named_at_start_and_in_the_answer() {
+    use std::io::{Read, Write};
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (listen, dead) = (free(), free());
+    let log = tmp(&format!("unreachable-{listen}.log"), "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{listen}"),
+            "--backend",
+            &format!("http://127.0.0.1:{dead}/api/v1/write"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut warned = String::new();
+    while std::time::Instant::now() < deadline {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(l) = text
+            .lines()
+            .find(|l| l.contains("cannot be connected at start"))
+        {
+            warned = l.to_string();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // One series, as a 1.0 request: snappy literal of a WriteRequest with `up 1`.
+    let req = {
+        let label = |n: &str, v: &str| {
+            let mut l = vec![0x0a, n.len() as u8];
+            l.extend_from_slice(n.as_bytes());
+            l.extend_from_slice(&[0x12, v.len() as u8]);
+            l.extend_from_slice(v.as_bytes());
+            l
+        };
+        let mut ts = Vec::new();
+        let l = label("__name__", "up");
+        ts.extend_from_slice(&[0x0a, l.len() as u8]);
+        ts.extend_from_slice(&l);
+        let mut sample = vec![0x09];
+        sample.extend_from_slice(&1f64.to_le_bytes());
+        sample.extend_from_slice(&[0x10, 0x01]);
+        ts.extend_from_slice(&[0x12, sample.len() as u8]);
+        ts.extend_from_slice(&sample);
+        let mut wr = vec![0x0a, ts.len() as u8];
+        wr.extend_from_slice(&ts);
+        snap::raw::Encoder::new().compress_vec(&wr).unwrap()
+    };
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Encoding: snappy\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        req.len()
+    )
+    .unwrap();
+    s.write_all(&req).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let _ = child.kill();
+    let _ = child.wait();
+    let address = format!("127.0.0.1:{dead}");
+    assert!(
+        warned.contains(&address),
+        "no start-up warning naming {address}: {warned:?}"
+    );
+    assert!(warned.contains("refused"), "the cause is named: {warned:?}");
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(
+        answer.contains(&format!("connecting to {address}")) && answer.contains("refused"),
+        "{answer}"
+    );
+}

@@ -146,3 +146,156 @@ fn every_key_is_documented_with_its_default_and_every_documented_key_exists() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Every file a user reads for names and keys: README, ARCHITECTURE, docs/, the
+/// example configuration, the deployment assets (dashboards, alerts, manifests).
+fn user_facing_files() -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut dirs = vec![
+        root.join("docs"),
+        root.join("deploy"),
+        root.join("examples"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable folder").flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| ["md", "json", "yaml", "yml"].contains(&e))
+            {
+                files.push(p);
+            }
+        }
+    }
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("readable file");
+            (p.strip_prefix(root).unwrap().display().to_string(), text)
+        })
+        .collect()
+}
+
+/// Issue 26: every `promnorm_*` metric a document, dashboard or alert names is one
+/// promnorm exports (a histogram's `_bucket`, `_sum` and `_count` included), and
+/// docs/telemetry.md lists every metric promnorm exports.
+#[test]
+fn every_metric_named_in_the_docs_exists_and_telemetry_md_lists_them_all() {
+    use promnorm::telemetry::{Kind, METRICS};
+    let mut known: std::collections::BTreeSet<String> = Default::default();
+    for (name, kind, _) in METRICS {
+        known.insert(name.to_string());
+        if matches!(kind, Kind::Histogram) {
+            for s in ["_bucket", "_sum", "_count"] {
+                known.insert(format!("{name}{s}"));
+            }
+        }
+    }
+    let re = regex::Regex::new(r"\bpromnorm_[a-z0-9_]*[a-z0-9]").unwrap();
+    let mut problems = Vec::new();
+    let mut telemetry_md = String::new();
+    for (path, text) in user_facing_files() {
+        if path == "docs/telemetry.md" {
+            telemetry_md = text.clone();
+        }
+        for m in re.find_iter(&text) {
+            if !known.contains(m.as_str()) {
+                problems.push(format!(
+                    "{path}: {} is not a metric promnorm exports",
+                    m.as_str()
+                ));
+            }
+        }
+    }
+    for (name, _, _) in METRICS {
+        if !telemetry_md.contains(&format!("`{name}`")) {
+            problems.push(format!("docs/telemetry.md does not list {name}"));
+        }
+    }
+    problems.sort();
+    problems.dedup();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Issue 26: every configuration key the prose names in backticks
+/// (`limits.max_inflight_bytes`, `backends[].queue.dir`, …) is a key of the schema,
+/// that is, a row of README's configuration table (kept equal to the schema above).
+#[test]
+fn every_configuration_key_named_in_the_docs_exists() {
+    let keys = documented();
+    let sections: std::collections::BTreeSet<String> = keys
+        .keys()
+        .map(|k| {
+            k.split('.')
+                .next()
+                .unwrap()
+                .trim_end_matches("[]")
+                .to_string()
+        })
+        .collect();
+    let re = regex::Regex::new(r"`([a-z_]+(?:\[\])?(?:\.[a-z0-9_]+(?:\[\])?)+)`").unwrap();
+    let mut problems = Vec::new();
+    for (path, text) in user_facing_files() {
+        for c in re.captures_iter(&text) {
+            let key = &c[1];
+            let section = key.split('.').next().unwrap().trim_end_matches("[]");
+            if !sections.contains(section) {
+                continue; // a file name, a metric, a Rust path, …
+            }
+            let exists =
+                keys.contains_key(key) || keys.keys().any(|k| k.starts_with(&format!("{key}.")));
+            if !exists {
+                problems.push(format!("{path}: `{key}` is not a configuration key"));
+            }
+        }
+    }
+    problems.sort();
+    problems.dedup();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Issue 26: every command of README's command table runs, and takes every flag the
+/// table gives it.
+#[test]
+fn every_command_in_the_readme_runs_with_the_flags_it_documents() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let table = readme
+        .split("| command | what it does |")
+        .nth(1)
+        .expect("the command table");
+    let flag = regex::Regex::new(r"--[a-z][a-z0-9.-]*").unwrap();
+    let mut problems = Vec::new();
+    let mut commands = 0;
+    for line in table.lines().skip(2) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let syntax = line.split(" | ").next().unwrap().trim_start_matches("| `");
+        let syntax = syntax.split('`').next().unwrap();
+        let mut words = syntax.split_whitespace();
+        assert_eq!(words.next(), Some("promnorm"), "{line}");
+        let sub = words.next().expect("a subcommand");
+        commands += 1;
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_promnorm"))
+            .args([sub, "--help"])
+            .output()
+            .expect("runs");
+        let help = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            problems.push(format!("`promnorm {sub} --help` failed"));
+            continue;
+        }
+        for f in flag.find_iter(syntax) {
+            if !help.contains(f.as_str()) {
+                problems.push(format!("`promnorm {sub}` has no flag {}", f.as_str()));
+            }
+        }
+    }
+    assert!(commands >= 9, "{commands} commands in the table");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

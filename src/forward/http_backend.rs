@@ -102,6 +102,46 @@ const WRITTEN_HEADERS: [&str; 3] = [
     "x-prometheus-remote-write-exemplars-written",
 ];
 
+/// A failed request as a person needs it: the address and the causes underneath
+/// hyper's "client error (Connect)": `connecting to 127.0.0.1:19091: tcp connect error:
+/// Connection refused (os error 111)`, or `TLS: invalid peer certificate: …`.
+pub fn connection_error(e: &hyper_util::client::legacy::Error, url: &http::Uri) -> String {
+    use std::error::Error as _;
+    let addr = url.authority().map_or("?", |a| a.as_str());
+    let addr = addr.rsplit('@').next().unwrap_or(addr); // never the credentials
+    let (causes, tls) = error_causes(e.source());
+    let what = if e.is_connect() {
+        "connecting to"
+    } else {
+        "talking to"
+    };
+    let chain = if causes.is_empty() {
+        e.to_string()
+    } else {
+        causes.join(": ")
+    };
+    format!("{what} {addr}: {}{chain}", if tls { "TLS: " } else { "" })
+}
+
+/// The texts of an error chain (each once: wrappers often repeat their source) and
+/// whether TLS is among them.
+pub fn error_causes(mut source: Option<&(dyn std::error::Error + 'static)>) -> (Vec<String>, bool) {
+    let mut causes: Vec<String> = Vec::new();
+    let mut tls = false;
+    while let Some(s) = source {
+        tls |= s.downcast_ref::<rustls::Error>().is_some()
+            || s.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        let text = s.to_string();
+        if !text.is_empty() && !causes.iter().any(|c| c.contains(&text)) {
+            causes.push(text);
+        }
+        source = s.source();
+    }
+    (causes, tls)
+}
+
 impl HttpBackend {
     pub fn new(opts: BackendOptions) -> Result<HttpBackend, BackendError> {
         let name = opts.name;
@@ -331,7 +371,7 @@ impl HttpBackend {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| format!("{e:#}"))?;
+                .map_err(|e| connection_error(&e, &self.settings.url))?;
             let status = resp.status();
             let retry_after = resp.headers().get(RETRY_AFTER).cloned();
             let confirmed = WRITTEN_HEADERS
