@@ -262,6 +262,7 @@ pub fn backend_options(
     cfg: &BackendConfig,
     index: usize,
     global_tenancy: Option<&TenancyConfig>,
+    throttle_status: u16,
 ) -> Result<BackendOptions, BuildError> {
     let name = cfg.name_or_default(index);
     let url = crate::config::parse_backend_url(&cfg.url).map_err(|source| ConfigError::Url {
@@ -316,6 +317,8 @@ pub fn backend_options(
         },
         tenancy,
         max_concurrent_requests: cfg.max_concurrent_requests,
+        saturated_status: http::StatusCode::from_u16(throttle_status)
+            .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
     })
 }
 
@@ -349,7 +352,12 @@ pub fn backends(cfg: &Config) -> Result<Vec<Arc<dyn Sink>>, BuildError> {
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
     let sizing = cfg.sizing();
     for (i, b) in cfg.backends.iter().enumerate() {
-        let http = HttpBackend::new(backend_options(b, i, cfg.tenancy.as_ref())?)?;
+        let http = HttpBackend::new(backend_options(
+            b,
+            i,
+            cfg.tenancy.as_ref(),
+            cfg.server.throttle_status,
+        )?)?;
         let max_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
         match queue_options(&b.queue, max_bytes, cfg.server.throttle_status) {
             None => sinks.push(Arc::new(http)),

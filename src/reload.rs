@@ -96,7 +96,7 @@ fn build_backends(cfg: &Config, old: &[Backend]) -> Result<Vec<Backend>, BuildEr
     let mut out = Vec::with_capacity(cfg.backends.len());
     let sizing = cfg.sizing();
     for (i, b) in cfg.backends.iter().enumerate() {
-        let options = backend_options(b, i, cfg.tenancy.as_ref())?;
+        let options = backend_options(b, i, cfg.tenancy.as_ref(), cfg.server.throttle_status)?;
         let ca = match &options.tls.ca_file {
             None => None,
             Some(f) => Some(std::fs::read(f).map_err(|e| ConfigError::Io {

@@ -929,3 +929,22 @@ async fn the_misconfigured_gauge_holds_while_a_backend_keeps_refusing_some_reque
     assert_eq!(refusals.load(Ordering::SeqCst), 3);
     proxy.shut_down().await;
 }
+
+/// A saturated backend's excess is answered with `server.throttle_status`: a sender
+/// with Prometheus' defaults (which drop a batch answered 429) can be given 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_backend_answers_the_configured_throttle_status() {
+    let backend = slow_backend(Duration::from_millis(1500)).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nserver:\n  throttle_status: 503\ntenancy:\n  label: tenant\n  default: anonymous\nbackends:\n  - name: fanout\n    url: {}\n    timeout: 10s\n    max_concurrent_requests: 4\n",
+        backend.url
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let tenants: Vec<String> = (0..10).map(|t| format!("t{t}")).collect();
+    let body = request(&tenants.iter().map(|t| Some(t.as_str())).collect::<Vec<_>>());
+    let r = post(&proxy.url(), body, RW_HEADERS).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("max_concurrent_requests"), "{}", r.body);
+    assert!(backend.peak.load(Ordering::SeqCst) <= 4);
+    proxy.shut_down().await;
+}

@@ -41,6 +41,8 @@ pub struct HttpBackend {
     /// a connection (a file descriptor, socket buffers).
     in_flight: Semaphore,
     max_concurrent: usize,
+    /// The answer when no slot frees in time (`server.throttle_status`).
+    saturated_status: http::StatusCode,
     /// The refusals the misconfigured state holds on.
     config_state: ConfigState,
 }
@@ -206,6 +208,7 @@ impl HttpBackend {
             tenancy: opts.tenancy,
             in_flight: Semaphore::new(max_concurrent),
             max_concurrent,
+            saturated_status: opts.saturated_status,
             config_state: ConfigState::default(),
         })
     }
@@ -356,7 +359,7 @@ impl HttpBackend {
         let Ok(Ok(_permit)) = tokio::time::timeout(wait, self.in_flight.acquire()).await else {
             crate::telemetry::backend_saturated(name);
             let outcome = Outcome::Rejected {
-                status: http::StatusCode::TOO_MANY_REQUESTS,
+                status: self.saturated_status,
                 retry_after: Some(HeaderValue::from_static("1")),
                 reason: format!(
                     "promnorm has {} requests in flight to this backend (backends[].max_concurrent_requests); retry later",

@@ -588,8 +588,11 @@ pub struct BackendOptions {
     pub protocol: BackendProtocol,
     pub tenancy: Option<TenancyOptions>,
     /// Requests in flight at once (`backends[].max_concurrent_requests`); beyond them a
-    /// request waits briefly, then is answered `429` unsent.
+    /// request waits briefly, then is answered `saturated_status` unsent.
     pub max_concurrent_requests: usize,
+    /// The answer for a request not sent because the backend is saturated: the
+    /// server's `throttle_status` (429, or 503 for senders that drop a 429).
+    pub saturated_status: http::StatusCode,
 }
 
 #[derive(Clone, PartialEq)]
