@@ -1344,8 +1344,8 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-/// `expr`'s result at a Prometheus now: the series it returns and whether each value is
-/// a number (not NaN).
+/// `expr`'s value at a Prometheus' now, one per series returned (NaN where Prometheus
+/// answers NaN).
 async fn instant_query(base: &str, expr: &str) -> Vec<f64> {
     let url = format!("{base}/api/v1/query?query={}", percent_encode(expr));
     let v: Value = serde_json::from_str(&common::get(&url).await.body).unwrap_or_default();
@@ -1498,6 +1498,13 @@ async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
         row.len() - empty.len(),
         row.len()
     );
+    let ttft_p50 = match row
+        .iter()
+        .find(|q| q.starts_with("histogram_quantile(0.5,") && q.contains("time_to_first_token"))
+    {
+        Some(q) => instant_query(&receiver.base, q).await,
+        None => Vec::new(),
+    };
     sender.kill();
     proxy.shut_down().await;
     receiver.kill();
@@ -1505,5 +1512,11 @@ async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
     assert!(
         empty.is_empty(),
         "Dynamo row queries without numbers after 60s: {empty:#?}"
+    );
+    // The dump's one request took its first token between 1s and 2.2s (its bucket):
+    // the median is interpolated in there.
+    assert!(
+        !ttft_p50.is_empty() && ttft_p50.iter().all(|v| (1.0..=2.2).contains(v)),
+        "TTFT median: {ttft_p50:?}"
     );
 }
