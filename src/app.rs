@@ -204,11 +204,8 @@ impl Assemble for Config {
                 packs.push(spec);
             }
         }
-        for f in &self.packs.files {
-            let text = std::fs::read_to_string(f).map_err(|e| ConfigError::Io {
-                file: f.display().to_string(),
-                source: e,
-            })?;
+        for (i, f) in self.packs.files.iter().enumerate() {
+            let text = self.read_pack_file(i)?;
             packs.push(parse_pack(&text, &f.display().to_string())?);
         }
         let mut seen = std::collections::BTreeSet::new();

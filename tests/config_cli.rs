@@ -565,3 +565,66 @@ fn sizes_beyond_the_memory_limit_are_accepted_with_a_warning() {
         "{err}"
     );
 }
+
+/// Issue 26: errors that pointed at the wrong place or said nothing of the fix. Each is
+/// one line, at the position of what to change, saying what to change.
+#[test]
+fn misleading_errors_name_the_position_and_the_fix() {
+    let mut wrong = Vec::new();
+    for (name, text, want) in [
+        (
+            // Said "invalid format" (the flag said the right thing).
+            "no-scheme.yaml",
+            "backends:\n  - name: a\n    url: 127.0.0.1:19091/api/v1/write\n",
+            ":3:10: backend url \"127.0.0.1:19091/api/v1/write\" must be http:// or https:// with a host (write \"http://127.0.0.1:19091/api/v1/write\")",
+        ),
+        (
+            // `url` one column left of `name`: said "4:5 … missing field 'url'".
+            "misindented.yaml",
+            "listen: :9201\nbackends:\n  - name: a\n   url: http://x/api/v1/write\n",
+            ":4:4: wrong indentation or structure: line 4 does not line up with the keys above it",
+        ),
+        (
+            // Said 2:5, the list item's start.
+            "no-unit.yaml",
+            "backends:\n  - url: http://x/api/v1/write\n    timeout: 30\n",
+            ":3:14: backends[0].timeout: duration \"30\" needs a unit (ms, s, m, h)",
+        ),
+        (
+            "no-unit-optional.yaml",
+            "derived:\n  window: 60\n",
+            ":2:11: derived.window: duration \"60\" needs a unit (ms, s, m, h)",
+        ),
+        (
+            "tab.yaml",
+            "backends:\n\t- url: http://x/api/v1/write\n",
+            ":2:1: not valid YAML: found character that cannot start any token, while scanning for the next token; YAML indents with spaces, not tabs",
+        ),
+    ] {
+        let f = tmp(name, text);
+        let (ok, _, err) = promnorm(&["check-config", &f]);
+        let want = format!("promnorm: {f}{want}");
+        // All cases said, not only the first wrong one.
+        if ok || !err.starts_with(&want) || err.lines().count() != 1 {
+            wrong.push(format!("{name}:\n want {want}\n  got {err}"));
+        }
+    }
+
+    // A missing mapping file: said "mine.yaml: No such file or directory".
+    let f = tmp("missing-pack.yaml", "packs:\n  files:\n    - mine.yaml\n");
+    let dir = std::path::Path::new(&f).parent().unwrap().to_path_buf();
+    let out = Command::new(env!("CARGO_BIN_EXE_promnorm"))
+        .args(["check-config", "missing-pack.yaml"])
+        .current_dir(&dir)
+        .output()
+        .expect("run promnorm");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "promnorm: missing-pack.yaml:3:7: packs.files[0]: cannot read {}: No such file or directory (os error 2)",
+        dir.join("mine.yaml").display()
+    );
+    if out.status.success() || err.trim_end() != want {
+        wrong.push(format!("missing-pack.yaml:\n want {want}\n  got {err}"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -1194,6 +1194,7 @@ fn promtool_checks_rules_and_dashboard_queries() {
                 .replace("$job", ".*")
                 .replace("$instance", ".*")
                 .replace("$model_name", ".*")
+                .replace("$dynamo_model", ".*")
                 .replace("$hostname", ".*");
             n += 1;
             // A JSON string is a valid YAML double-quoted scalar.
@@ -1212,4 +1213,310 @@ fn promtool_checks_rules_and_dashboard_queries() {
     if let Err(e) = checked {
         panic!("a dashboard query is not valid PromQL: {e}");
     }
+}
+
+/// The panels of the row titled `title` of a dashboard (rows not collapsed: the panels
+/// after it up to the next row).
+fn row_panels<'a>(dashboard: &'a Value, title: &str) -> Vec<&'a Value> {
+    let top = dashboard["panels"].as_array().cloned().unwrap_or_default();
+    let start = top
+        .iter()
+        .position(|p| p["type"] == "row" && p["title"] == title)
+        .unwrap_or_else(|| panic!("no row {title:?}"));
+    let all = dashboard["panels"].as_array().expect("panels");
+    all[start + 1..]
+        .iter()
+        .take_while(|p| p["type"] != "row")
+        .collect()
+}
+
+/// Names of README's table of derived series (computed by promnorm from counter deltas).
+fn derived_series_names() -> BTreeSet<String> {
+    let readme = read("README.md");
+    let table = readme
+        .split("## Derived series")
+        .nth(1)
+        .and_then(|s| s.split("\n\n").find(|b| b.starts_with("| series")))
+        .expect("README's table of derived series");
+    table
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split(',')
+                .map(|n| n.trim().trim_matches('`').to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[test]
+fn derived_series_panels_say_they_stay_empty_until_counters_move() {
+    let rel = "deploy/grafana/llm-serving.json";
+    let d = json(rel);
+    let derived = derived_series_names();
+    assert!(
+        derived.contains("vllm:mfu_ratio") && derived.contains("lmcache:lookup_hit_ratio"),
+        "README's derived table not understood: {derived:?}"
+    );
+    let mut with_derived = 0;
+    for p in panels(&d) {
+        let queries_derived = p["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["expr"].as_str())
+            .any(|e| identifiers(e).iter().any(|n| derived.contains(*n)));
+        if !queries_derived {
+            continue;
+        }
+        with_derived += 1;
+        let desc = p["description"].as_str().unwrap_or_default();
+        assert!(
+            desc.contains("empty until those counters move"),
+            "{rel}: {} shows a derived series; its description must say it stays empty until the counters move: {desc:?}",
+            panel_title(p)
+        );
+    }
+    assert!(
+        with_derived >= 5,
+        "only {with_derived} derived panels found"
+    );
+}
+
+/// The Dynamo row queries the names promnorm writes for a real Dynamo frontend: every
+/// name it uses is in that dump's normalised output.
+#[test]
+fn dynamo_row_queries_the_dumps_normalised_names() {
+    let rel = "deploy/grafana/llm-serving.json";
+    let d = json(rel);
+    let out = read("tests/golden/dump-dynamo-frontend-ce30a76.out");
+    let written: BTreeSet<&str> = identifiers(&out).into_iter().collect();
+    let row = row_panels(&d, "Dynamo frontend");
+    assert!(row.len() >= 6, "the Dynamo row has {} panels", row.len());
+    let mut used = BTreeSet::new();
+    for p in &row {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            for name in identifiers(&without_strings(expr)) {
+                if name.starts_with("dynamo_") {
+                    assert!(
+                        written.contains(name),
+                        "{}: {name} is not in the normalised Dynamo dump",
+                        panel_title(p)
+                    );
+                    used.insert(name.to_string());
+                }
+            }
+        }
+    }
+    for want in [
+        "dynamo_frontend_requests_total",
+        "dynamo_frontend_time_to_first_token_seconds_bucket",
+        "dynamo_frontend_inter_token_latency_seconds_bucket",
+        "dynamo_frontend_inflight_requests",
+        "dynamo_frontend_output_tokens_total",
+    ] {
+        assert!(used.contains(want), "the Dynamo row has no panel on {want}");
+    }
+}
+
+/// A dashboard query as Prometheus evaluates it: Grafana's variables filled in (all
+/// values), the rate interval one minute.
+fn filled(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__interval", "15s")
+        .replace("$model_name", ".*")
+        .replace("$dynamo_model", ".*")
+        .replace("$hostname", ".*")
+        .replace("$job", ".*")
+        .replace("$instance", ".*")
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `expr`'s value at a Prometheus' now, one per series returned (NaN where Prometheus
+/// answers NaN).
+async fn instant_query(base: &str, expr: &str) -> Vec<f64> {
+    let url = format!("{base}/api/v1/query?query={}", percent_encode(expr));
+    let v: Value = serde_json::from_str(&common::get(&url).await.body).unwrap_or_default();
+    v["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            r["value"][1]
+                .as_str()
+                .and_then(|s| s.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+/// `text` (an exposition) with every counter and histogram sample multiplied by `n`: a
+/// frontend that keeps serving the same mix of requests, so that `rate()` and
+/// `histogram_quantile()` have something to show (a static dump gives rates of 0 and
+/// quantiles of NaN).
+fn advanced(text: &str, n: u64) -> String {
+    let mut moving: Vec<&str> = Vec::new();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            if let (Some(family), Some(kind)) = (parts.next(), parts.next())
+                && kind != "gauge"
+                && kind != "untyped"
+            {
+                moving.push(family);
+            }
+        }
+        let name = line.split(['{', ' ']).next().unwrap_or_default();
+        let moves = !line.starts_with('#')
+            && moving.iter().any(|f| {
+                name.strip_prefix(f).is_some_and(|suffix| {
+                    ["", "_bucket", "_sum", "_count", "_total"].contains(&suffix)
+                })
+            });
+        match line.rsplit_once(' ').map(|(s, v)| (s, v.parse::<f64>())) {
+            Some((series, Ok(v))) if moves => {
+                out.push_str(&format!("{series} {}\n", v * n as f64));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Issue 26: the Dynamo row on a real Dynamo frontend. Debian's Prometheus scrapes the
+/// dump (counters advancing), remote-writes through promnorm into a second Prometheus,
+/// and every query of the row (promtool parses them in
+/// `promtool_checks_rules_and_dashboard_queries`) returns numbers there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
+    use common::procs::{Proc, binary, prometheus_receiver};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    let Some(prom) = binary("PROMETHEUS_BIN") else {
+        return;
+    };
+    let rel = "deploy/grafana/llm-serving.json";
+    let d = json(rel);
+    let row: Vec<String> = row_panels(&d, "Dynamo frontend")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(filled))
+        .collect();
+    assert!(row.len() >= 8, "Dynamo row queries: {row:?}");
+
+    // The dump, its counters moving on with every scrape.
+    let dump = Arc::new(read("tests/golden/dump-dynamo-frontend-ce30a76.prom"));
+    let scrapes = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let n = scrapes.fetch_add(1, Ordering::Relaxed) + 1;
+            let text = advanced(&dump, n);
+            async move { text }
+        }),
+    );
+    let target = common::serve(app).await;
+
+    let dir = std::env::temp_dir().join(format!("promnorm-dynamo-row-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut receiver = prometheus_receiver(&prom, &dir);
+    receiver.start("/-/ready").await;
+    let proxy = common::start_proxy(&[format!("{}/api/v1/write", receiver.base)], "").await;
+
+    let sender_dir = dir.join("sender");
+    std::fs::create_dir_all(&sender_dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        sender_dir.join("sender.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: dynamo-frontend\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {}\n    queue_config:\n      batch_send_deadline: 1s\n",
+            proxy.url()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let port = common::free_port();
+    let mut sender = Proc::new(
+        &prom,
+        vec![
+            format!("--config.file={}", sender_dir.join("sender.yml").display()),
+            format!("--storage.tsdb.path={}", sender_dir.join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--log.level=error".into(),
+        ],
+        port,
+    );
+    sender.start("/-/ready").await;
+
+    // Until every query of the row returns numbers (bounded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut empty: Vec<String> = row.clone();
+    while !empty.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut still = Vec::new();
+        for q in &empty {
+            let values = instant_query(&receiver.base, q).await;
+            if values.is_empty() || values.iter().any(|v| v.is_nan()) {
+                still.push(q.clone());
+            }
+        }
+        empty = still;
+    }
+
+    // The whole dashboard on this one frontend, for the record.
+    let mut with_data = 0;
+    let all: Vec<String> = dashboard_queries(rel, &d)
+        .into_iter()
+        .filter(|(_, e)| !e.starts_with("label_values("))
+        .map(|(_, e)| filled(&e))
+        .collect();
+    for q in &all {
+        if !instant_query(&receiver.base, q).await.is_empty() {
+            with_data += 1;
+        }
+    }
+    eprintln!(
+        "llm-serving.json on the Dynamo frontend dump: {with_data} of {} queries return data; the Dynamo row: {} of {}",
+        all.len(),
+        row.len() - empty.len(),
+        row.len()
+    );
+    let ttft_p50 = match row
+        .iter()
+        .find(|q| q.starts_with("histogram_quantile(0.5,") && q.contains("time_to_first_token"))
+    {
+        Some(q) => instant_query(&receiver.base, q).await,
+        None => Vec::new(),
+    };
+    sender.kill();
+    proxy.shut_down().await;
+    receiver.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        empty.is_empty(),
+        "Dynamo row queries without numbers after 60s: {empty:#?}"
+    );
+    // The dump's one request took its first token between 1s and 2.2s (its bucket):
+    // the median is interpolated in there.
+    assert!(
+        !ttft_p50.is_empty() && ttft_p50.iter().all(|v| (1.0..=2.2).contains(v)),
+        "TTFT median: {ttft_p50:?}"
+    );
 }

@@ -21,6 +21,16 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// A `packs.files` entry cannot be read: where it is written, and the path promnorm
+    /// tried (made absolute, relative paths resolved against the configuration's directory).
+    #[error("{at}packs.files[{index}]: cannot read {path}: {source}")]
+    PackFile {
+        at: String,
+        index: usize,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A backend URL promnorm cannot send to.
     #[error("{at}{source}")]
     Url {
@@ -82,6 +92,7 @@ impl ConfigError {
             ConfigError::DuplicateBackend { .. } => Some("name"),
             ConfigError::UnknownPack { .. } => Some("builtin"),
             ConfigError::UnknownGpu { .. } => Some("gpu"),
+            ConfigError::PackFile { .. } => Some("files"),
             ConfigError::Value { key, .. } => Some(key),
             _ => None,
         }
@@ -97,10 +108,22 @@ pub enum UrlError {
     UnencodedCredentials { url: String },
     #[error("backend url {url:?}: {reason}")]
     Unparsable { url: String, reason: String },
-    #[error("backend url {url:?} must be http:// or https:// with a host")]
+    #[error(
+        "backend url {url:?} must be http:// or https:// with a host{}",
+        scheme_hint(url)
+    )]
     NotHttp { url: String },
     #[error("backend url {url:?}: the port is not a number from 1 to 65535")]
     BadPort { url: String },
+}
+
+/// The URL to write instead of one without a scheme (`127.0.0.1:9090/api/v1/write`).
+fn scheme_hint(url: &str) -> String {
+    if url.contains("://") || url.is_empty() {
+        String::new()
+    } else {
+        format!(" (write \"http://{url}\")")
+    }
 }
 
 /// Why a secret cannot be read.

@@ -500,6 +500,11 @@ pub fn parse_backend_url(raw: &str) -> Result<BackendUrl, UrlError> {
         // the password into logs.
         return Err(UrlError::UnencodedCredentials { url: shown });
     }
+    // Without a scheme, `host:port/path` is no URI form at all ("invalid format"):
+    // say what is missing instead.
+    if !without_userinfo.contains("://") {
+        return Err(UrlError::NotHttp { url: shown });
+    }
     let uri: http::Uri = without_userinfo
         .parse()
         .map_err(|e: http::uri::InvalidUri| UrlError::Unparsable {
@@ -847,15 +852,48 @@ fn se_opt_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S
     }
 }
 
+/// Reads a duration inside the deserializer's own call, so that serde_yaml puts the
+/// value's line and column (not its mapping's) on a refused one.
+struct DurationVisitor;
+
+impl serde::de::Visitor<'_> for DurationVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a duration such as 500ms, 30s, 1m30s")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
+        parse_duration(v).map_err(E::custom)
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
+    d.deserialize_str(DurationVisitor)
 }
 
 fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s = Option::<String>::deserialize(d)?;
-    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
-        .transpose()
+    struct OptVisitor;
+    impl<'de> serde::de::Visitor<'de> for OptVisitor {
+        type Value = Option<Duration>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a duration such as 500ms, 30s, 1m30s, or nothing")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            de_duration(d).map(Some)
+        }
+    }
+    d.deserialize_option(OptVisitor)
 }
 
 impl Config {
@@ -911,6 +949,39 @@ impl Config {
             }
         }
         format!("{}: ", src.file)
+    }
+
+    /// The text of the mapping file `packs.files[index]`; an error names where the entry
+    /// is written and the absolute path that was tried.
+    pub fn read_pack_file(&self, index: usize) -> Result<String, ConfigError> {
+        let Some(f) = self.packs.files.get(index) else {
+            return Err(self.invalid_at(
+                "files",
+                "",
+                format!("packs.files[{index}]: no such entry"),
+            ));
+        };
+        std::fs::read_to_string(f).map_err(|source| {
+            // `load` joined a relative entry to the configuration's directory: find the
+            // entry as written.
+            let dir = self
+                .source
+                .as_ref()
+                .and_then(|s| Path::new(&s.file).parent());
+            let written = dir
+                .and_then(|d| f.strip_prefix(d).ok())
+                .filter(|w| !w.as_os_str().is_empty())
+                .unwrap_or(f);
+            ConfigError::PackFile {
+                at: self.position("files", &written.display().to_string()),
+                index,
+                path: std::path::absolute(f)
+                    .unwrap_or_else(|_| f.clone())
+                    .display()
+                    .to_string(),
+                source,
+            }
+        })
     }
 
     /// An error about the value `value` of `key`, with its position.
