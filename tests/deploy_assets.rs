@@ -1405,7 +1405,7 @@ fn advanced(text: &str, n: u64) -> String {
 /// `promtool_checks_rules_and_dashboard_queries`) returns numbers there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
-    use common::procs::{Proc, binary, prometheus_receiver};
+    use common::procs::{binary, prometheus_receiver, prometheus_sender};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
@@ -1444,24 +1444,13 @@ async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
 
     let sender_dir = dir.join("sender");
     std::fs::create_dir_all(&sender_dir).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        sender_dir.join("sender.yml"),
-        format!(
+    let mut sender = prometheus_sender(
+        &prom,
+        &sender_dir,
+        &format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: dynamo-frontend\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {}\n    queue_config:\n      batch_send_deadline: 1s\n",
             proxy.url()
         ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let port = common::free_port();
-    let mut sender = Proc::new(
-        &prom,
-        vec![
-            format!("--config.file={}", sender_dir.join("sender.yml").display()),
-            format!("--storage.tsdb.path={}", sender_dir.join("data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--log.level=error".into(),
-        ],
-        port,
     );
     sender.start("/-/ready").await;
 

@@ -90,24 +90,13 @@ fn victoria_receiver(vm: &Path, dir: &Path) -> Proc {
 
 /// The sender: scrapes `target` every `SCRAPE` and remote-writes to `url`.
 fn sender(prom: &Path, dir: &Path, target: std::net::SocketAddr, url: &str) -> Proc {
-    let port = free_port();
-    std::fs::write(
-        dir.join("sender.yml"),
-        format!(
+    prometheus_sender(
+        prom,
+        dir,
+        &format!(
             "global:\n  scrape_interval: {s}s\n  scrape_timeout: {s}s\nscrape_configs:\n  - job_name: t\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {url}\n    remote_timeout: 5s\n    queue_config:\n      batch_send_deadline: 250ms\n      min_backoff: 100ms\n      max_backoff: 2s\n",
             s = SCRAPE.as_secs()
         ),
-    )
-    .unwrap();
-    Proc::new(
-        prom,
-        vec![
-            format!("--config.file={}", dir.join("sender.yml").display()),
-            format!("--storage.tsdb.path={}", dir.join("sender-data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--log.level=error".into(),
-        ],
-        port,
     )
 }
 

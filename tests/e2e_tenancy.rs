@@ -145,24 +145,13 @@ async fn each_tenants_series_reach_its_own_receiver_through_the_tenant_header() 
     proxy.start("/-/ready").await;
 
     let target = target().await;
-    let sport = free_port();
-    std::fs::write(
-        dir.join("sender.yml"),
-        format!(
+    let mut sender = prometheus_sender(
+        &prom,
+        &dir,
+        &format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: t\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {}/api/v1/write\n    queue_config:\n      batch_send_deadline: 250ms\n      min_backoff: 100ms\n      max_backoff: 2s\n",
             proxy.base
         ),
-    )
-    .unwrap();
-    let mut sender = Proc::new(
-        &prom,
-        vec![
-            format!("--config.file={}", dir.join("sender.yml").display()),
-            format!("--storage.tsdb.path={}", dir.join("sender-data").display()),
-            format!("--web.listen-address=127.0.0.1:{sport}"),
-            "--log.level=error".into(),
-        ],
-        sport,
     );
     sender.start("/-/ready").await;
     // At least six scrapes of every series at the sender.
@@ -325,24 +314,13 @@ async fn metadata_from_prometheus_reaches_the_tenants_without_a_default_or_a_ret
         port,
     );
     proxy.start("/-/ready").await;
-    let sport = free_port();
-    std::fs::write(
-        dir.join("sender.yml"),
-        format!(
+    let mut sender = prometheus_sender(
+        &prom,
+        &dir,
+        &format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: t\n    static_configs:\n      - targets: ['{target}']\nremote_write:\n  - url: {}/api/v1/write\n    write_relabel_configs:\n      - source_labels: [__name__]\n        regex: tm_total\n        action: keep\n    metadata_config:\n      send_interval: 1s\n    queue_config:\n      batch_send_deadline: 250ms\n      min_backoff: 100ms\n      max_backoff: 1s\n",
             proxy.base
         ),
-    )
-    .unwrap();
-    let mut sender = Proc::new(
-        &prom,
-        vec![
-            format!("--config.file={}", dir.join("sender.yml").display()),
-            format!("--storage.tsdb.path={}", dir.join("sender-data").display()),
-            format!("--web.listen-address=127.0.0.1:{sport}"),
-            "--log.level=error".into(),
-        ],
-        sport,
     );
     sender.start("/-/ready").await;
     let metadata_at = |tenant: &str| {

@@ -94,6 +94,23 @@ pub fn prometheus_receiver(prom: &Path, dir: &Path) -> Proc {
     )
 }
 
+/// A Prometheus that scrapes and remote-writes as `config` (its `sender.yml`) says,
+/// its data under `dir/sender-data`. Start it with `.start("/-/ready")`.
+pub fn prometheus_sender(prom: &Path, dir: &Path, config: &str) -> Proc {
+    let port = free_port();
+    std::fs::write(dir.join("sender.yml"), config).unwrap();
+    Proc::new(
+        prom,
+        vec![
+            format!("--config.file={}", dir.join("sender.yml").display()),
+            format!("--storage.tsdb.path={}", dir.join("sender-data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--log.level=error".into(),
+        ],
+        port,
+    )
+}
+
 /// A scrape target serving `text` (an exposition) at `/metrics`.
 pub async fn serve_exposition(text: String) -> std::net::SocketAddr {
     let text = std::sync::Arc::new(text);
