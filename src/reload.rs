@@ -24,7 +24,7 @@ use std::time::Duration;
 use crate::app::{Assemble, BuildError, backend_options, queue_options, server_options};
 use crate::config::{BackendConfig, Config, ConfigError, LogFormat, yaml};
 use crate::derive::DeriveSettings;
-use crate::forward::queue::{QueueOptions, QueuedSink};
+use crate::forward::queue::{Halted, QueueOptions, QueuedSink};
 use crate::forward::{BackendOptions, Forwarder, HttpBackend, Sink};
 use crate::server::{AppState, Live, ReloadHook};
 use crate::telemetry;
@@ -82,6 +82,20 @@ struct Running {
     derive: Option<DeriveSettings>,
     rules_key: String,
     writer: Option<tokio::task::JoinHandle<()>>,
+    /// Queues replaced by a reload whose records are still being delivered through
+    /// their successor (a backend without a queue, or a queue without room for them).
+    retired: Vec<Arc<QueuedSink>>,
+}
+
+/// An old queue's records on their way to the backend of the same name in the new
+/// configuration.
+struct Handover {
+    from: Halted,
+    /// Resumed with `from` when the reload fails.
+    back: Arc<dyn Sink>,
+    /// `back` when it is a queue retired by an earlier reload.
+    retired: Option<Arc<QueuedSink>>,
+    successor: Arc<dyn Sink>,
 }
 
 /// Owns the running configuration and replaces it on request.
@@ -243,6 +257,7 @@ impl Reloader {
             derive,
             rules_key,
             writer,
+            retired: Vec::new(),
         };
         Ok(Arc::new_cyclic(|me: &Weak<Reloader>| {
             let me = me.clone();
@@ -353,14 +368,46 @@ impl Reloader {
             state.budget = old.budget.clone();
         }
         let state = Arc::new(state);
-        // A changed or removed backend's queue ends before its successor opens (a disk
-        // queue's directory is held by one queue at a time): a disk queue stops at once
-        // (what it holds stays on disk and the new queue replays it), a memory queue
-        // delivers what it holds within shutdown_timeout. Meanwhile the old
-        // configuration answers 503 for it, so senders retry.
+        // A changed backend's queue hands what it holds to the new backend of the same
+        // name: it halts at once (a disk queue's directory is held by one queue at a
+        // time, so it closes when the successor reopens the same directory and replays
+        // it); once the successor is open its records move into the successor's queue,
+        // ahead of anything new, or, when the successor has no queue (or no room), a
+        // retired queue delivers them through it. A removed backend's queue delivers a
+        // memory queue's records within shutdown_timeout, a disk queue's stay on disk.
+        // Meanwhile the old configuration answers 503 for it, so senders retry.
+        let old_sinks: Vec<Arc<dyn Sink>> =
+            running.backends.iter().map(|b| b.sink.clone()).collect();
+        let is_new = |sink: &Arc<dyn Sink>| !old_sinks.iter().any(|o| Arc::ptr_eq(o, sink));
+        let successor_of = |name: &str| {
+            backends
+                .iter()
+                .find(|n| n.sink.name() == name && is_new(&n.sink))
+                .map(|n| n.sink.clone())
+        };
         let mut stopped = Vec::new();
+        let mut handovers: Vec<Handover> = Vec::new();
+        let same_dir = |h: &Halted, succ: &Arc<dyn Sink>| {
+            h.dir().is_some() && h.dir() == succ.as_queue().and_then(|q| q.dir())
+        };
         for b in &running.backends {
             if backends.iter().any(|n| Arc::ptr_eq(&n.sink, &b.sink)) {
+                continue;
+            }
+            if let (Some(q), Some(successor)) = (b.sink.as_queue(), successor_of(b.sink.name())) {
+                if let Some(h) = q.halt().await {
+                    if same_dir(&h, &successor) {
+                        h.close();
+                        stopped.push(b.sink.clone());
+                    } else {
+                        handovers.push(Handover {
+                            from: h,
+                            back: b.sink.clone(),
+                            retired: None,
+                            successor,
+                        });
+                    }
+                }
                 continue;
             }
             if let Some(q) = b.sink.queue_state() {
@@ -373,19 +420,51 @@ impl Reloader {
                 stopped.push(b.sink.clone());
             }
         }
+        // Queues retired by an earlier reload move on to this configuration's backend
+        // of their name, unless it is the one they already deliver through.
+        let mut retired = Vec::new();
+        for r in std::mem::take(&mut running.retired) {
+            if !r.is_running() {
+                continue;
+            }
+            let successor = backends
+                .iter()
+                .find(|n| n.sink.name() == r.name())
+                .map(|n| n.sink.clone());
+            match successor {
+                Some(succ) if !Arc::ptr_eq(&succ, r.target()) => {
+                    if let Some(h) = r.halt().await {
+                        if same_dir(&h, &succ) {
+                            h.close();
+                        } else {
+                            handovers.push(Handover {
+                                from: h,
+                                back: r.clone(),
+                                retired: Some(r.clone()),
+                                successor: succ,
+                            });
+                        }
+                    }
+                }
+                _ => retired.push(r),
+            }
+        }
         if let Err(e) = state.start_queues() {
             // Undo: close the queues this attempt opened, reopen the ones it stopped
             // (a stopped queue starts again, replaying its directory), so the running
             // configuration keeps every backend it had.
             for b in &backends {
-                if !running
-                    .backends
-                    .iter()
-                    .any(|o| Arc::ptr_eq(&o.sink, &b.sink))
-                {
+                if is_new(&b.sink) {
                     b.sink.stop(Duration::ZERO).await;
                 }
             }
+            for h in handovers {
+                if let Some(q) = h.back.as_queue() {
+                    q.resume(h.from);
+                }
+                retired.extend(h.retired);
+            }
+            running.retired = retired;
             for sink in stopped {
                 if let Err(again) = sink.start() {
                     tracing::error!(
@@ -395,6 +474,30 @@ impl Reloader {
                 }
             }
             return Err(BuildError::Queue(e));
+        }
+        for h in handovers {
+            let requests = h.from.requests();
+            if let Some(q) = h.successor.as_queue() {
+                match q.adopt(&h.from) {
+                    Ok(moved) if moved > 0 => {
+                        tracing::info!(
+                            backend = q.name(),
+                            requests = moved,
+                            "queued requests handed to the new queue"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(
+                        backend = q.name(),
+                        requests,
+                        "handing the old queue to the new one: {e}; the rest is delivered through it as room allows"
+                    ),
+                }
+            }
+            let r = QueuedSink::retire_into(h.from, h.successor);
+            if r.is_running() {
+                retired.push(r);
+            }
         }
         let old = self.live.swap(state.clone());
         // The old writer flushes what it holds a last time (to the old backends), then
@@ -408,6 +511,7 @@ impl Reloader {
             derive,
             rules_key,
             writer,
+            retired,
         };
         Ok(kept)
     }
@@ -418,7 +522,15 @@ impl Reloader {
         let writer = running.writer.take();
         let state = self.live.current();
         state.stop_background(writer, within).await;
+        // Retired queues stop alongside the live ones, within the same time.
+        let retired: Vec<_> = std::mem::take(&mut running.retired)
+            .into_iter()
+            .map(|r| tokio::spawn(async move { r.stop(within).await }))
+            .collect();
         state.stop_queues(within).await;
+        for r in retired {
+            let _ = r.await;
+        }
     }
 
     /// Reloads on every `SIGHUP` from `hangups` until the process ends.

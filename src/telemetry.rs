@@ -317,7 +317,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         QUEUE_CORRUPT,
         Kind::Counter,
-        "Queue records skipped because their checksum or framing was corrupt.",
+        "Damaged stretches of a disk queue skipped (a record whose checksum failed, or bytes up to the next sound record); their samples, when known, are in promnorm_samples_dropped_total{reason=\"queue_corrupt\"}.",
     ),
     (
         BUILD_INFO,
@@ -461,7 +461,7 @@ pub fn tenant_samples(backend: &str, tenant: &str, outcome: &'static str, n: u64
 }
 
 /// Samples a backend's queue dropped (`backend_rejected`, `max_age`, `queue_full`,
-/// `shutdown`): the same family as the rules' drops, with the backend.
+/// `queue_corrupt`, `shutdown`): the same family as the rules' drops, with the backend.
 pub fn samples_dropped_at(reason: &'static str, backend: &str, n: u64) {
     metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "backend" => backend.to_string())
         .increment(n);
@@ -480,7 +480,13 @@ pub fn register_queue(backend: &str, max_bytes: u64) {
     for reason in ["full", "disk_full", "io_error", "too_large"] {
         metrics::counter!(QUEUE_REFUSED, "backend" => b(), "reason" => reason).absolute(0);
     }
-    for reason in ["backend_rejected", "max_age", "queue_full", "shutdown"] {
+    for reason in [
+        "backend_rejected",
+        "max_age",
+        "queue_full",
+        "queue_corrupt",
+        "shutdown",
+    ] {
         metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "backend" => b()).absolute(0);
     }
 }

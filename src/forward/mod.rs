@@ -193,6 +193,12 @@ pub trait Sink: Send + Sync {
         None
     }
 
+    /// The sink as a queue, for a reload that hands an old queue's records to its
+    /// successor (`reload`); `None` for anything but a [`queue::QueuedSink`].
+    fn as_queue(&self) -> Option<&queue::QueuedSink> {
+        None
+    }
+
     /// Takes room for `payload` before anything is sent (a queue's budget); the amount
     /// goes to [`Sink::send_reserved`] or back through [`Sink::unreserve`].
     fn reserve(&self, _payload: &Payload, _incoming: &HeaderMap) -> Result<u64, Outcome> {

@@ -83,6 +83,68 @@ pub struct QueuedSink {
     pass: Vec<HeaderName>,
     /// Open between [`Sink::start`] and [`Sink::stop`]; a stopped queue can start again.
     running: Mutex<Option<Arc<Running>>>,
+    /// How long [`Sink::start`] waits for a disk queue's directory held by another
+    /// process (a promnorm still stopping while its successor starts).
+    lock_wait: Duration,
+}
+
+/// The default of [`QueuedSink::with_lock_wait`].
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// A queue stopped by [`QueuedSink::halt`] with everything it held: given to a successor
+/// ([`QueuedSink::adopt`], [`QueuedSink::retire_into`]), back to its queue
+/// ([`QueuedSink::resume`]), or closed ([`Halted::close`]). A disk queue's files (and
+/// its directory's lock) stay open until it is dropped or closed.
+pub struct Halted {
+    name: String,
+    opts: QueueOptions,
+    run: Arc<Running>,
+}
+
+impl Halted {
+    /// The directory of a halted disk queue.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match &self.opts.kind {
+            QueueKind::Disk { dir, .. } => Some(dir),
+            QueueKind::Memory => None,
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.run.requests.load(Ordering::Relaxed)
+    }
+
+    /// Closes the queue's files. A memory queue's records are lost: counted as dropped
+    /// (`shutdown`); a disk queue's stay in its directory for the next queue that opens it.
+    pub fn close(self) {
+        let left = self.requests();
+        let mut samples = 0;
+        for s in &self.run.shards {
+            let mut st = lock(&s.state);
+            if let Err(e) = st.store.sync() {
+                tracing::warn!(backend = %self.name, error = %e, "syncing the disk queue");
+            }
+            if matches!(self.opts.kind, QueueKind::Memory) {
+                while let Some(r) = st.store.pop_front() {
+                    samples += r.samples;
+                }
+            }
+            // Close the disk queue's files (and its directory lock) now, not when the
+            // last reference goes: a successor may open the directory.
+            st.store = Box::new(MemoryStore::default());
+        }
+        if left > 0 {
+            match &self.opts.kind {
+                QueueKind::Memory => {
+                    telemetry::samples_dropped_at("shutdown", &self.name, samples);
+                    tracing::error!(backend = %self.name, requests = left, samples, "memory queue not drained before shutdown_timeout: its samples are lost");
+                }
+                QueueKind::Disk { dir, .. } => {
+                    tracing::info!(backend = %self.name, requests = left, dir = %dir.display(), "left in the disk queue; sent by the next disk queue that opens this directory");
+                }
+            }
+        }
+    }
 }
 
 struct Running {
@@ -118,7 +180,218 @@ impl QueuedSink {
             opts,
             pass,
             running: Mutex::new(None),
+            lock_wait: LOCK_WAIT,
         }
+    }
+
+    /// The directory of a disk queue.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match &self.opts.kind {
+            QueueKind::Disk { dir, .. } => Some(dir),
+            QueueKind::Memory => None,
+        }
+    }
+
+    /// Where the queue delivers (for a retired queue: its successor's backend).
+    pub fn target(&self) -> &Arc<dyn Sink> {
+        &self.inner
+    }
+
+    /// True between a start (or a retirement) and a stop.
+    pub fn is_running(&self) -> bool {
+        self.running().is_some()
+    }
+
+    /// Sets how long [`Sink::start`] waits for a held queue directory (default
+    /// [`LOCK_WAIT`]).
+    pub fn with_lock_wait(mut self, wait: Duration) -> QueuedSink {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// Stops the queue at once (its senders ended, nothing more accepted) and returns
+    /// what it holds. `None` when it was not running.
+    pub async fn halt(&self) -> Option<Halted> {
+        let run = lock(&self.running).take()?;
+        run.draining.store(true, Ordering::Relaxed);
+        let tasks: Vec<_> = lock(&run.tasks).drain(..).collect();
+        for t in &tasks {
+            t.abort();
+        }
+        // Waited for: a sender that was finishing must not remove a record after its
+        // queue was handed over.
+        for t in tasks {
+            let _ = t.await;
+        }
+        for s in &run.shards {
+            let mut st = lock(&s.state);
+            st.closed = true;
+            st.in_flight = false;
+        }
+        Some(Halted {
+            name: self.name.clone(),
+            opts: self.opts.clone(),
+            run,
+        })
+    }
+
+    /// Runs a halted queue again (a reload undone).
+    pub fn resume(&self, h: Halted) {
+        let mut slot = lock(&self.running);
+        if slot.is_some() {
+            return;
+        }
+        h.run.draining.store(false, Ordering::Relaxed);
+        for s in &h.run.shards {
+            lock(&s.state).closed = false;
+        }
+        self.spawn_tasks(&h.run);
+        *slot = Some(h.run);
+    }
+
+    /// Moves every record `from` holds into this (running) queue, in order, ahead of
+    /// anything sent to it later: a reload's hand-over from the queue this one replaces.
+    /// Records are split again for this queue's shards; the budget may be exceeded
+    /// until they are delivered. Returns the requests moved; on an error (a full disk)
+    /// the rest stays in `from`.
+    pub fn adopt(&self, from: &Halted) -> Result<u64, String> {
+        let Some(run) = self.running() else {
+            return Err("the queue is not open".into());
+        };
+        let mut moved = 0u64;
+        for shard in &from.run.shards {
+            loop {
+                let mut st = lock(&shard.state);
+                let front = st.store.front();
+                let corrupt = st.store.take_corrupt();
+                if !corrupt.is_empty() {
+                    telemetry::queue_corrupt(&from.name, corrupt.records);
+                    telemetry::samples_dropped_at("queue_corrupt", &from.name, corrupt.samples);
+                }
+                let rec = match front {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => return Err(format!("reading the old queue: {e}")),
+                };
+                self.store_whole(&run, &rec)
+                    .map_err(|e| format!("storing in the new queue: {e}"))?;
+                if let Some(r) = st.store.pop_front() {
+                    from.run.bytes.fetch_sub(r.bytes, Ordering::AcqRel);
+                    from.run.requests.fetch_sub(1, Ordering::Relaxed);
+                }
+                moved += 1;
+            }
+        }
+        for s in &run.shards {
+            if let Err(e) = lock(&s.state).store.sync() {
+                tracing::warn!(backend = %self.name, error = %e, "syncing the disk queue");
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Stores a record taken from another queue (split for this queue's shards), all
+    /// parts or none, outside the budget.
+    fn store_whole(&self, run: &Running, rec: &Record) -> Result<(), StoreError> {
+        let parts = self
+            .split(&rec.payload())
+            .unwrap_or_else(|_| vec![(0, rec.v1.clone(), rec.v2.clone(), rec.samples)]);
+        let records: Vec<(usize, Record)> = parts
+            .into_iter()
+            .map(|(shard, v1, v2, samples)| {
+                (
+                    shard,
+                    Record {
+                        v1,
+                        v2,
+                        samples,
+                        ..rec.clone()
+                    },
+                )
+            })
+            .collect();
+        let mut pushed: Vec<usize> = Vec::new();
+        for (i, r) in &records {
+            let mut st = lock(&run.shards[*i].state);
+            if let Err(e) = st.store.push(r) {
+                drop(st);
+                for j in pushed.iter().rev() {
+                    lock(&run.shards[*j].state).store.pop_back();
+                }
+                return Err(e);
+            }
+            pushed.push(*i);
+        }
+        let total: u64 = records.iter().map(|(_, r)| r.size()).sum();
+        run.bytes.fetch_add(total, Ordering::AcqRel);
+        run.requests
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        for (i, _) in &records {
+            run.shards[*i].wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// A queue that takes nothing new and delivers what `h` holds through `target` (a
+    /// reload's successor that has no queue, or no room for it), then closes itself. A
+    /// retired disk queue keeps its directory until every record in it is delivered.
+    pub fn retire_into(h: Halted, target: Arc<dyn Sink>) -> Arc<QueuedSink> {
+        let q = Arc::new(QueuedSink {
+            name: h.name.clone(),
+            pass: target.pass_headers().to_vec(),
+            inner: target,
+            opts: h.opts.clone(),
+            running: Mutex::new(None),
+            lock_wait: LOCK_WAIT,
+        });
+        if h.requests() == 0 {
+            h.close();
+            return q;
+        }
+        tracing::info!(backend = %h.name, requests = h.requests(), "the replaced queue delivers what it holds through the new backend");
+        {
+            let mut slot = lock(&q.running);
+            q.spawn_tasks(&h.run);
+            *slot = Some(h.run);
+        }
+        let watch = q.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Some(run) = watch.running() else {
+                    return;
+                };
+                if run.requests.load(Ordering::Relaxed) == 0 {
+                    drop(run);
+                    if let Some(h) = watch.halt().await {
+                        tracing::info!(backend = %h.name, "the replaced queue is delivered");
+                        h.close();
+                    }
+                    return;
+                }
+            }
+        });
+        q
+    }
+
+    /// Starts the senders of `run` (one per shard, and the periodic fsync).
+    fn spawn_tasks(&self, run: &Arc<Running>) {
+        let mut tasks = Vec::new();
+        for i in 0..run.shards.len() {
+            tasks.push(tokio::spawn(drain_shard(
+                run.clone(),
+                i,
+                self.inner.clone(),
+                self.name.clone(),
+                self.opts.clone(),
+            )));
+        }
+        if let QueueKind::Disk { fsync_interval, .. } = &self.opts.kind
+            && let Some(every) = store::sync_interval(*fsync_interval)
+        {
+            tasks.push(tokio::spawn(sync_periodically(run.clone(), every)));
+        }
+        *lock(&run.tasks) = tasks;
     }
 
     fn running(&self) -> Option<Arc<Running>> {
@@ -140,10 +413,11 @@ impl QueuedSink {
         };
         let segment = (self.opts.max_bytes / shards as u64 / 4).min(store::SEGMENT_BYTES);
         let open = |i: usize| {
-            DiskStore::open(
+            DiskStore::open_waiting(
                 &dir.join(format!("shard-{i}")),
                 segment,
                 fsync_interval.is_zero(),
+                self.lock_wait,
             )
         };
         // Series are assigned to shards by hash modulo their number: data queued under
@@ -580,26 +854,14 @@ impl Sink for QueuedSink {
             tasks: Mutex::new(Vec::new()),
         });
         telemetry::register_queue(&self.name, self.opts.max_bytes);
-        let mut tasks = Vec::new();
-        for i in 0..run.shards.len() {
-            tasks.push(tokio::spawn(drain_shard(
-                run.clone(),
-                i,
-                self.inner.clone(),
-                self.name.clone(),
-                self.opts.clone(),
-            )));
-        }
-        if let QueueKind::Disk { fsync_interval, .. } = &self.opts.kind
-            && let Some(every) = store::sync_interval(*fsync_interval)
-        {
-            tasks.push(tokio::spawn(sync_periodically(run.clone(), every)));
-        }
-        *lock(&run.tasks) = tasks;
+        self.spawn_tasks(&run);
         *slot = Some(run);
         Ok(())
     }
 
+    /// A memory queue delivers what it holds within `within`; a disk queue stops at once
+    /// (what it holds is durable: the next start replays it), so a dead backend does not
+    /// hold up a shutdown or a restart.
     fn stop<'a>(
         &'a self,
         within: Duration,
@@ -609,44 +871,23 @@ impl Sink for QueuedSink {
                 return;
             };
             run.draining.store(true, Ordering::Relaxed);
-            let deadline = tokio::time::Instant::now() + within;
-            while run.requests.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            for t in lock(&run.tasks).drain(..) {
-                t.abort();
-            }
-            let left = run.requests.load(Ordering::Relaxed);
-            let mut samples = 0;
-            for s in &run.shards {
-                let mut st = lock(&s.state);
-                st.closed = true;
-                if let Err(e) = st.store.sync() {
-                    tracing::warn!(backend = %self.name, error = %e, "syncing the disk queue");
+            if matches!(self.opts.kind, QueueKind::Memory) {
+                let deadline = tokio::time::Instant::now() + within;
+                while run.requests.load(Ordering::Relaxed) > 0
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                if matches!(self.opts.kind, QueueKind::Memory) {
-                    while let Some(r) = st.store.pop_front() {
-                        samples += r.samples;
-                    }
-                }
-                // Close the disk queue's files (and its directory lock) now, not when the
-                // last reference to this sink goes: a successor may open the directory.
-                st.store = Box::new(MemoryStore::default());
             }
-            *lock(&self.running) = None;
-            if left > 0 {
-                match self.opts.kind {
-                    QueueKind::Memory => {
-                        telemetry::samples_dropped_at("shutdown", &self.name, samples);
-                        tracing::error!(backend = %self.name, requests = left, samples, "memory queue not drained before shutdown_timeout: its samples are lost");
-                    }
-                    QueueKind::Disk { .. } => {
-                        tracing::info!(backend = %self.name, requests = left, "left in the disk queue; sent after restart");
-                    }
-                }
+            drop(run);
+            if let Some(h) = self.halt().await {
+                h.close();
             }
         })
+    }
+
+    fn as_queue(&self) -> Option<&QueuedSink> {
+        Some(self)
     }
 
     fn queue_state(&self) -> Option<QueueState> {
@@ -696,9 +937,16 @@ async fn drain_shard(
                 run.bytes.fetch_sub(freed, Ordering::AcqRel);
             }
             let corrupt = st.store.take_corrupt();
-            if corrupt > 0 {
-                telemetry::queue_corrupt(&name, corrupt);
-                tracing::warn!(backend = %name, records = corrupt, "corrupt queue records skipped");
+            if !corrupt.is_empty() {
+                telemetry::queue_corrupt(&name, corrupt.records);
+                telemetry::samples_dropped_at("queue_corrupt", &name, corrupt.samples);
+                tracing::error!(
+                    backend = %name,
+                    records = corrupt.records,
+                    samples = corrupt.samples,
+                    bytes = corrupt.bytes,
+                    "damaged queue data skipped (samples counted when the record's header survived)"
+                );
             }
             st.in_flight = matches!(f, Ok(Some(_)));
             f

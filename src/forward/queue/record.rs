@@ -1,7 +1,13 @@
 //! One queued request: its bodies (1.0, and 2.0 when the backend takes 2.0), the sender's
 //! headers this backend passes through, and what it holds (for drop counts and age). On
-//! disk a record is framed as `[u32 payload length][u32 CRC-32 of the payload][payload]`,
-//! little endian; the payload is `[u8 format version][u64 queued ms][u64 samples][u8 flags]
+//! disk a record is framed as `[u32 FRAME_MAGIC][u32 payload length][u64 samples][u32
+//! CRC-32 of the payload][u32 CRC-32 of the 20 bytes before]` then the payload, little
+//! endian. The magic lets a reader find the next record after damage (resynchronise);
+//! the header's own checksum makes its length and sample count trustworthy, so a damaged
+//! payload is skipped exactly and its samples counted. Queues written before the magic
+//! (frames `[u32 payload length][u32 CRC-32][payload]`) are still read: an old frame's
+//! length is at most [`MAX_PAYLOAD`], below the magic's value, so the first word tells
+//! them apart. The payload is `[u8 format version][u64 queued ms][u64 samples][u8 flags]
 //! [u32 2.0 series][u32 headers]{[u32 len][name][u32 len][value]}[u32 1.0 length][1.0 body]
 //! [2.0 body]`. A tenant-routed record also keeps its tenant header, and a pseudo-header
 //! [`TENANT_HEADER_MARKER`] whose value names it.
@@ -31,8 +37,13 @@ pub struct Record {
     pub enqueued_ms: u64,
 }
 
-/// Frame header: payload length and checksum.
-pub const FRAME_HEADER: usize = 8;
+/// Frame header: magic, payload length, samples, payload checksum, header checksum.
+pub const FRAME_HEADER: usize = 24;
+/// The frame header written before the magic: payload length and checksum.
+pub const OLD_FRAME_HEADER: usize = 8;
+/// First word of every frame (little endian `DE C0 51 9E`): above [`MAX_PAYLOAD`], so an
+/// old frame's length is never mistaken for it.
+pub const FRAME_MAGIC: u32 = 0x9E51_C0DE;
 /// Version, queueing time, samples, flags, 2.0 series, header count.
 const HEADER_FIXED: usize = 1 + 8 + 8 + 1 + 4 + 4;
 /// The record layout written now; a record of another version is reported, not guessed at.
@@ -41,6 +52,19 @@ pub const FORMAT_VERSION: u8 = 1;
 const HAS_V2: u8 = 1;
 /// A payload longer than this is corruption, not data (bodies are limited far below).
 pub const MAX_PAYLOAD: usize = 1 << 30;
+
+/// Why bytes at some offset are not a readable frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// Too few bytes for the frame its (trustworthy) header announces: a torn tail.
+    Truncated,
+    /// The header cannot be trusted (no magic, bad header checksum, impossible length):
+    /// the reader must look for the next magic.
+    Header,
+    /// The header is sound but the payload is damaged: the frame is `len` bytes long and
+    /// held `samples` (unknown in the old format).
+    Payload { len: usize, samples: Option<u64> },
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RecordError {
@@ -102,6 +126,34 @@ impl Record {
     pub fn write_framed(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0; FRAME_HEADER]);
+        self.write_payload(out);
+        let payload = &out[start + FRAME_HEADER..];
+        let len = payload.len() as u32;
+        let crc = crc32fast::hash(payload);
+        let h = &mut out[start..start + FRAME_HEADER];
+        h[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+        h[4..8].copy_from_slice(&len.to_le_bytes());
+        h[8..16].copy_from_slice(&self.samples.to_le_bytes());
+        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        let hcrc = crc32fast::hash(&h[..20]);
+        h[20..24].copy_from_slice(&hcrc.to_le_bytes());
+    }
+
+    /// Appends the record in the format written before [`FRAME_MAGIC`] (tests of the
+    /// reader's compatibility).
+    #[cfg(test)]
+    pub fn write_framed_old(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; OLD_FRAME_HEADER]);
+        self.write_payload(out);
+        let payload = &out[start + OLD_FRAME_HEADER..];
+        let len = payload.len() as u32;
+        let crc = crc32fast::hash(payload);
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn write_payload(&self, out: &mut Vec<u8>) {
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&self.enqueued_ms.to_le_bytes());
         out.extend_from_slice(&self.samples.to_le_bytes());
@@ -119,24 +171,83 @@ impl Record {
         if let Some(v2) = &self.v2 {
             out.extend_from_slice(v2);
         }
-        let payload = &out[start + FRAME_HEADER..];
-        let len = payload.len() as u32;
-        let crc = crc32fast::hash(payload);
-        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Reads a frame header: the payload's length and checksum.
-    pub fn read_frame_header(h: &[u8]) -> Result<(usize, u32), RecordError> {
-        if h.len() < FRAME_HEADER {
-            return Err(RecordError::Truncated);
+    /// Reads the frame at the start of `buf` (either format): the record and the
+    /// frame's length.
+    pub fn read_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
+        let word = |at: usize| {
+            buf.get(at..at + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let Some(first) = word(0) else {
+            return Err(FrameError::Truncated);
+        };
+        if first != FRAME_MAGIC {
+            // The old format: nothing but the length to go by.
+            let len = first as usize;
+            if len > MAX_PAYLOAD {
+                return Err(FrameError::Header);
+            }
+            let Some(crc) = word(4) else {
+                return Err(FrameError::Truncated);
+            };
+            let end = OLD_FRAME_HEADER + len;
+            let Some(payload) = buf.get(OLD_FRAME_HEADER..end) else {
+                // A damaged length and a torn tail look the same here.
+                return Err(FrameError::Header);
+            };
+            return match Record::from_payload(payload, crc) {
+                Ok(r) => Ok((r, end)),
+                Err(_) => Err(FrameError::Payload {
+                    len: end,
+                    samples: None,
+                }),
+            };
         }
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let Some(h) = buf.get(..FRAME_HEADER) else {
+            return Err(FrameError::Truncated);
+        };
+        let field = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        if crc32fast::hash(&h[..20]) != field(20) {
+            return Err(FrameError::Header);
+        }
+        let len = field(4) as usize;
         if len > MAX_PAYLOAD {
-            return Err(RecordError::Malformed("length"));
+            return Err(FrameError::Header);
         }
-        Ok((len, crc))
+        let mut samples = [0u8; 8];
+        samples.copy_from_slice(&h[8..16]);
+        let samples = u64::from_le_bytes(samples);
+        let end = FRAME_HEADER + len;
+        let Some(payload) = buf.get(FRAME_HEADER..end) else {
+            return Err(FrameError::Truncated);
+        };
+        match Record::from_payload(payload, field(16)) {
+            Ok(r) => Ok((r, end)),
+            Err(_) => Err(FrameError::Payload {
+                len: end,
+                samples: Some(samples),
+            }),
+        }
+    }
+
+    /// The offset, after `from`, of the next frame whose header is sound (a magic and a
+    /// matching header checksum): where a reader resumes after damage.
+    pub fn next_frame(buf: &[u8], from: usize) -> Option<usize> {
+        let magic = FRAME_MAGIC.to_le_bytes();
+        let mut at = from + 1;
+        while at + FRAME_HEADER <= buf.len() {
+            let i = buf[at..].windows(4).position(|w| w == magic)?;
+            at += i;
+            match Record::read_frame(&buf[at..]) {
+                Ok(_) | Err(FrameError::Payload { .. }) | Err(FrameError::Truncated) => {
+                    return Some(at);
+                }
+                Err(FrameError::Header) => at += 1,
+            }
+        }
+        None
     }
 
     /// Decodes a payload whose checksum was `crc`.
@@ -245,9 +356,8 @@ mod tests {
     fn a_framed_record_reads_back_and_a_flipped_bit_is_caught() {
         let mut buf = Vec::new();
         record().write_framed(&mut buf);
-        let (len, crc) = Record::read_frame_header(&buf).unwrap();
-        assert_eq!(len, buf.len() - FRAME_HEADER);
-        let back = Record::from_payload(&buf[FRAME_HEADER..], crc).unwrap();
+        let (back, len) = Record::read_frame(&buf).unwrap();
+        assert_eq!(len, buf.len());
         assert_eq!(back.v1, record().v1);
         assert_eq!(back.v2, record().v2);
         assert_eq!(back.v2_series, 1);
@@ -255,13 +365,44 @@ mod tests {
         assert_eq!(back.samples, 7);
         assert_eq!(back.enqueued_ms, 1_700_000_000_123);
         assert_eq!(back.header_map()["x-scope-orgid"], "team-a");
-        for i in FRAME_HEADER..buf.len() {
+        // A flipped bit in the header: not trusted; in the payload: skipped exactly, its
+        // samples known.
+        for i in 0..buf.len() {
             let mut bad = buf.clone();
             bad[i] ^= 0x10;
-            assert_eq!(
-                Record::from_payload(&bad[FRAME_HEADER..], crc).unwrap_err(),
-                RecordError::Checksum
-            );
+            let want = if i < FRAME_HEADER {
+                FrameError::Header
+            } else {
+                FrameError::Payload {
+                    len: buf.len(),
+                    samples: Some(7),
+                }
+            };
+            assert_eq!(Record::read_frame(&bad).unwrap_err(), want, "byte {i}");
         }
+        assert_eq!(
+            Record::read_frame(&buf[..buf.len() - 1]).unwrap_err(),
+            FrameError::Truncated
+        );
+    }
+
+    #[test]
+    fn a_frame_of_the_format_before_the_magic_still_reads() {
+        let mut buf = Vec::new();
+        record().write_framed_old(&mut buf);
+        let (back, len) = Record::read_frame(&buf).unwrap();
+        assert_eq!(len, buf.len());
+        assert_eq!(back.samples, 7);
+        assert_eq!(back.v2, record().v2);
+    }
+
+    #[test]
+    fn the_next_sound_frame_is_found_after_garbage() {
+        let mut buf = vec![0u8; 100];
+        // A stray magic with no sound header after it is passed over.
+        buf[10..14].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+        record().write_framed(&mut buf);
+        assert_eq!(Record::next_frame(&buf, 0), Some(100));
+        assert_eq!(Record::next_frame(&buf, 100), None);
     }
 }

@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::record::{FRAME_HEADER, Record};
+use super::record::{FrameError, Record};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -53,8 +53,23 @@ pub trait Store: Send {
     fn oldest_ms(&self) -> Option<u64>;
     /// Makes appended records durable (disk); a no-op in memory.
     fn sync(&mut self) -> Result<(), StoreError>;
-    /// Corrupt records skipped since the last call.
-    fn take_corrupt(&mut self) -> u64;
+    /// Damage skipped since the last call.
+    fn take_corrupt(&mut self) -> Skipped;
+}
+
+/// Damaged queue data skipped: each damaged stretch counts as one record (how many
+/// records a zeroed page held is unknowable), its samples when its header said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub records: u64,
+    pub samples: u64,
+    pub bytes: u64,
+}
+
+impl Skipped {
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
 }
 
 #[derive(Default)]
@@ -99,8 +114,8 @@ impl Store for MemoryStore {
     fn sync(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
-    fn take_corrupt(&mut self) -> u64 {
-        0
+    fn take_corrupt(&mut self) -> Skipped {
+        Skipped::default()
     }
 }
 
@@ -133,7 +148,7 @@ pub struct DiskStore {
     segment_bytes: u64,
     reader: Option<(u64, File)>,
     bytes: u64,
-    corrupt: u64,
+    corrupt: Skipped,
     fsync_each: bool,
     dirty: bool,
     frame: Vec<u8>,
@@ -144,27 +159,39 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 
 impl DiskStore {
     /// Opens (creating) the queue in `dir`, replaying what was not acknowledged. Fails
-    /// when another process holds the directory.
+    /// at once when another process holds the directory.
     pub fn open(dir: &Path, segment_bytes: u64, fsync_each: bool) -> Result<DiskStore, StoreError> {
+        DiskStore::open_waiting(dir, segment_bytes, fsync_each, Duration::ZERO)
+    }
+
+    /// [`DiskStore::open`], waiting up to `lock_wait` for another process to release the
+    /// directory (a promnorm still stopping while its successor starts).
+    pub fn open_waiting(
+        dir: &Path,
+        segment_bytes: u64,
+        fsync_each: bool,
+        lock_wait: Duration,
+    ) -> Result<DiskStore, StoreError> {
         std::fs::create_dir_all(dir)?;
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(dir.join("LOCK"))?;
-        // An advisory lock for the life of the process: two promnorms on one queue
-        // would interleave records. Released by the kernel when the process dies.
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(StoreError::Io(std::io::Error::other(format!(
-                "{} is in use by another process ({})",
-                dir.display(),
-                std::io::Error::last_os_error()
-            ))));
-        }
-        let (cursor_segment, cursor_offset) = read_cursor(dir);
+        lock_dir(dir, &lock, lock_wait)?;
         let mut segments = list_segments(dir)?;
+        let (cursor_segment, cursor_offset) = match validate_cursor(dir, &segments) {
+            Ok(c) => c,
+            Err(why) => {
+                // Never delete on a cursor that cannot be trusted: re-sending what was
+                // delivered is better than losing what was not.
+                tracing::error!(
+                    dir = %dir.display(),
+                    "queue cursor {why}; replaying every segment from its start (records already delivered may be sent again)"
+                );
+                (segments.first().copied().unwrap_or(0), 0)
+            }
+        };
         for &s in segments.iter().filter(|&&s| s < cursor_segment) {
             let _ = std::fs::remove_file(segment_path(dir, s));
         }
@@ -181,7 +208,7 @@ impl DiskStore {
             segment_bytes: segment_bytes.max(1 << 16),
             reader: None,
             bytes: 0,
-            corrupt: 0,
+            corrupt: Skipped::default(),
             fsync_each,
             dirty: false,
             frame: Vec::new(),
@@ -205,46 +232,37 @@ impl DiskStore {
         Ok(store)
     }
 
+    /// Reads a segment's records from `from` (the cursor's offset in its segment). Damage
+    /// is skipped up to the next sound frame ([`Record::next_frame`]) and counted.
     fn replay_segment(&mut self, segment: u64, from: u64) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, segment);
         let data = std::fs::read(&path)?;
-        let mut off = (from as usize).min(data.len());
-        while off < data.len() {
-            let header = Record::read_frame_header(&data[off..]);
-            let Ok((len, crc)) = header else {
-                self.torn_tail();
-                break;
-            };
-            let end = off + FRAME_HEADER + len;
-            if end > data.len() {
-                self.torn_tail();
-                break;
-            }
-            match Record::from_payload(&data[off + FRAME_HEADER..end], crc) {
-                Ok(r) => {
-                    let len = (end - off) as u64;
-                    self.bytes += len;
+        // The cursor's offset was checked to be a record boundary (validate_cursor).
+        let from = from as usize;
+        let scanned = scan(&data);
+        for s in scanned.into_iter().filter(|s| s.offset >= from) {
+            match s.kind {
+                ScanKind::Record {
+                    samples,
+                    enqueued_ms,
+                } => {
+                    self.bytes += s.len;
                     self.entries.push_back(Entry {
                         segment,
-                        offset: off as u64,
-                        len,
-                        samples: r.samples,
-                        enqueued_ms: r.enqueued_ms,
+                        offset: s.offset as u64,
+                        len: s.len,
+                        samples,
+                        enqueued_ms,
                     });
                 }
-                Err(_) => self.corrupt += 1,
+                ScanKind::Damage { samples } => {
+                    self.corrupt.records += 1;
+                    self.corrupt.samples += samples;
+                    self.corrupt.bytes += s.len;
+                }
             }
-            off = end;
         }
         Ok(())
-    }
-
-    /// Bytes that cannot be a whole record (a crash mid-write, or a damaged length):
-    /// counted, and the rest of the segment skipped. Nothing is cut off the file: new
-    /// records go to a new segment, and the damaged one is deleted with its neighbours
-    /// once the records before and after it are acknowledged.
-    fn torn_tail(&mut self) {
-        self.corrupt += 1;
     }
 
     fn write_cursor(&self) -> Result<(), StoreError> {
@@ -283,9 +301,11 @@ impl DiskStore {
         if f.read_exact_at(&mut buf, e.offset).is_err() {
             return Ok(Err(()));
         }
-        Ok(Record::read_frame_header(&buf)
-            .and_then(|(_, crc)| Record::from_payload(&buf[FRAME_HEADER..], crc))
-            .map_err(|_| ()))
+        Ok(Record::read_frame(&buf)
+            .ok()
+            .filter(|(_, n)| *n as u64 == e.len)
+            .map(|(r, _)| r)
+            .ok_or(()))
     }
 
     fn after_removal(&mut self) {
@@ -294,9 +314,38 @@ impl DiskStore {
             .front()
             .map_or(self.write_segment, |e| e.segment);
         self.remove_segments_before(keep_from);
+        if self.entries.is_empty() && self.write_offset > 0 {
+            // Everything acknowledged, the write segment included: start it again from
+            // its beginning so its space comes back (a full disk recovers once drained).
+            // The cursor moves first: a crash before the truncation re-sends, never loses.
+            let at = self.write_offset;
+            self.write_offset = 0;
+            match self.write_cursor() {
+                Ok(()) => {
+                    if let Err(e) = self.writer.set_len(0) {
+                        tracing::warn!(dir = %self.dir.display(), error = %e, "truncating the delivered queue segment");
+                    }
+                }
+                Err(e) => {
+                    self.write_offset = at;
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
+                }
+            }
+            return;
+        }
         if let Err(e) = self.write_cursor() {
             tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
         }
+    }
+
+    /// Moves writing to a new segment, so the current one can be deleted once its
+    /// records are acknowledged.
+    fn roll(&mut self) -> Result<(), StoreError> {
+        let next = self.write_segment + 1;
+        self.writer = create_segment(&self.dir, next)?;
+        self.write_segment = next;
+        self.write_offset = 0;
+        Ok(())
     }
 }
 
@@ -307,16 +356,20 @@ impl Store for DiskStore {
         let len = self.frame.len() as u64;
         if self.write_offset > 0 && self.write_offset + len > self.segment_bytes {
             self.writer.sync_data()?;
-            let next = self.write_segment + 1;
-            self.writer = create_segment(&self.dir, next)?;
-            self.write_segment = next;
-            self.write_offset = 0;
+            self.roll()?;
         }
         // Written at the offset the index records (not O_APPEND): a failed write leaves
         // the next one at the same place whatever the file's length.
         if let Err(e) = self.writer.write_all_at(&self.frame, self.write_offset) {
             let _ = self.writer.set_len(self.write_offset);
-            return Err(e.into());
+            let err = StoreError::from(e);
+            // Out of space: the next record goes to a new segment, so this one's space
+            // comes back as soon as its records are delivered, even while more wait.
+            if matches!(err, StoreError::NoSpace(_)) && self.write_offset > 0 {
+                let _ = self.writer.sync_data();
+                let _ = self.roll();
+            }
+            return Err(err);
         }
         if self.fsync_each {
             if let Err(e) = self.writer.sync_data() {
@@ -343,7 +396,9 @@ impl Store for DiskStore {
             match self.read_entry(e)? {
                 Ok(r) => return Ok(Some(r)),
                 Err(()) => {
-                    self.corrupt += 1;
+                    self.corrupt.records += 1;
+                    self.corrupt.samples += e.samples;
+                    self.corrupt.bytes += e.len;
                     self.entries.pop_front();
                     self.bytes -= e.len;
                     self.after_removal();
@@ -402,7 +457,7 @@ impl Store for DiskStore {
         Ok(())
     }
 
-    fn take_corrupt(&mut self) -> u64 {
+    fn take_corrupt(&mut self) -> Skipped {
         std::mem::take(&mut self.corrupt)
     }
 }
@@ -440,16 +495,138 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
     Ok(out)
 }
 
-/// The cursor file, or the start when it is missing or unreadable (re-sending is
-/// better than losing).
-fn read_cursor(dir: &Path) -> (u64, u64) {
-    std::fs::read_to_string(dir.join("cursor"))
-        .ok()
-        .and_then(|s| {
-            let mut it = s.split_whitespace();
-            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-        })
-        .unwrap_or((0, 0))
+/// What a segment holds, frame by frame, from its start.
+struct Scanned {
+    offset: usize,
+    len: u64,
+    kind: ScanKind,
+}
+
+enum ScanKind {
+    Record {
+        samples: u64,
+        enqueued_ms: u64,
+    },
+    /// Bytes that are no readable record, up to the next sound frame (or the end).
+    Damage {
+        samples: u64,
+    },
+}
+
+fn scan(data: &[u8]) -> Vec<Scanned> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < data.len() {
+        let (len, kind) = match Record::read_frame(&data[off..]) {
+            Ok((r, n)) => (
+                n,
+                ScanKind::Record {
+                    samples: r.samples,
+                    enqueued_ms: r.enqueued_ms,
+                },
+            ),
+            Err(FrameError::Payload { len, samples }) => (
+                len,
+                ScanKind::Damage {
+                    samples: samples.unwrap_or(0),
+                },
+            ),
+            // A header not to be trusted, or a torn tail: resume at the next sound frame.
+            Err(FrameError::Header | FrameError::Truncated) => {
+                let next = Record::next_frame(data, off).unwrap_or(data.len());
+                (next - off, ScanKind::Damage { samples: 0 })
+            }
+        };
+        out.push(Scanned {
+            offset: off,
+            len: len as u64,
+            kind,
+        });
+        off += len;
+    }
+    out
+}
+
+/// The cursor (segment and offset of the first record not acknowledged), checked against
+/// the segments on disk: `Err` says why it cannot be trusted. A missing cursor is the
+/// start. A cursor below every segment is normal (its segment was deleted, the crash came
+/// before the cursor moved on); one that names no segment, or an offset past its end,
+/// is not: it would have every segment before it deleted.
+fn validate_cursor(dir: &Path, segments: &[u64]) -> Result<(u64, u64), String> {
+    let text = match std::fs::read_to_string(dir.join("cursor")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(format!("unreadable ({e})")),
+    };
+    let mut it = text.split_whitespace();
+    let parsed: Option<(u64, u64)> = (|| {
+        let c = (it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+        it.next().is_none().then_some(c)
+    })();
+    let Some((segment, offset)) = parsed else {
+        return Err(format!("{:?} is not \"SEGMENT OFFSET\"", text.trim()));
+    };
+    let (Some(&first), Some(&last)) = (segments.first(), segments.last()) else {
+        return Ok((segment, offset));
+    };
+    if segment < first {
+        return Ok((segment, 0));
+    }
+    if segment > last || !segments.contains(&segment) {
+        return Err(format!(
+            "\"{segment} {offset}\" names no segment on disk (segments {first}..={last})"
+        ));
+    }
+    let data = std::fs::read(segment_path(dir, segment)).unwrap_or_default();
+    if offset > data.len() as u64 {
+        return Err(format!(
+            "\"{segment} {offset}\" points past the end of its segment ({} bytes)",
+            data.len()
+        ));
+    }
+    if offset != 0
+        && offset != data.len() as u64
+        && !scan(&data).iter().any(|s| s.offset as u64 == offset)
+    {
+        return Err(format!(
+            "\"{segment} {offset}\" is not at a record boundary"
+        ));
+    }
+    Ok((segment, offset))
+}
+
+/// Takes the directory's advisory lock for the life of the process (two promnorms on
+/// one queue would interleave records; the kernel releases it when the process dies),
+/// waiting up to `wait` for another holder to let go.
+fn lock_dir(dir: &Path, lock: &File, wait: Duration) -> Result<(), StoreError> {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + wait;
+    let mut logged = false;
+    loop {
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if logged {
+                tracing::info!(dir = %dir.display(), "queue directory released; opening it");
+            }
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            return Err(StoreError::Io(std::io::Error::other(format!(
+                "{} is in use by another process ({err})",
+                dir.display()
+            ))));
+        }
+        if !logged {
+            tracing::warn!(
+                dir = %dir.display(),
+                wait_s = wait.as_secs(),
+                "queue directory held by another process (a promnorm still stopping?); waiting for it"
+            );
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The interval between background fsyncs of a disk queue.
@@ -507,7 +684,7 @@ mod tests {
             s.pop_front();
         }
         assert_eq!(seen, (3..10).collect::<Vec<_>>());
-        assert_eq!(s.take_corrupt(), 0);
+        assert!(s.take_corrupt().is_empty());
         // Everything acknowledged: old segments are gone, a reopen replays nothing.
         drop(s);
         let s = DiskStore::open(&dir, 1 << 16, false).unwrap();
@@ -558,12 +735,15 @@ mod tests {
             s.pop_front();
         }
         assert_eq!(seen, vec![0, 2, 3]);
-        assert_eq!(s.take_corrupt(), 2, "one bad checksum, one torn tail");
+        let skipped = s.take_corrupt();
+        assert_eq!(skipped.records, 2, "one bad checksum, one torn tail");
+        // The damaged record's header survived: its sample count is known.
+        assert_eq!(skipped.samples, 1);
         // Everything readable was acknowledged: the damaged segment is gone, and a second
         // reopen finds nothing to complain about.
         drop(s);
         let mut s = DiskStore::open(&dir, 1 << 20, true).unwrap();
-        assert_eq!(s.take_corrupt(), 0);
+        assert!(s.take_corrupt().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -587,6 +767,230 @@ mod tests {
         let err = s.push(&rec(2, 10)).unwrap_err();
         assert!(matches!(err, StoreError::NoSpace(_)), "{err:?}");
         assert_eq!(s.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn bytes_on_disk(dir: &Path) -> u64 {
+        list_segments(dir)
+            .unwrap()
+            .iter()
+            .map(|&n| std::fs::metadata(segment_path(dir, n)).unwrap().len())
+            .sum()
+    }
+
+    fn drain(s: &mut DiskStore) -> Vec<u64> {
+        let mut seen = Vec::new();
+        while let Some(r) = s.front().unwrap() {
+            seen.push(r.samples);
+            s.pop_front();
+        }
+        seen
+    }
+
+    /// Issue: a write segment full of delivered records was never deleted nor reused, so
+    /// a queue that filled its disk refused every request after draining.
+    #[test]
+    fn a_drained_write_segment_gives_its_space_back() {
+        let dir = tmp("reuse");
+        // One large segment, as with the default max_bytes on a small disk.
+        let mut s = DiskStore::open(&dir, 64 << 20, false).unwrap();
+        for i in 0..50 {
+            s.push(&rec(i, 4000)).unwrap();
+        }
+        assert!(bytes_on_disk(&dir) > 200_000);
+        drain(&mut s);
+        assert_eq!(
+            bytes_on_disk(&dir),
+            0,
+            "delivered records still hold the disk"
+        );
+        // The queue works on, and a reopen replays exactly what is still queued.
+        for i in 100..103 {
+            s.push(&rec(i, 100)).unwrap();
+        }
+        s.pop_front();
+        s.sync().unwrap();
+        drop(s);
+        let mut s = DiskStore::open(&dir, 64 << 20, false).unwrap();
+        assert_eq!(drain(&mut s), vec![101, 102]);
+        assert!(s.take_corrupt().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The issue's case on a real full filesystem: an 8 MiB tmpfs (skipped where it
+    /// cannot be mounted).
+    #[test]
+    fn a_queue_that_filled_its_disk_accepts_writes_again_once_drained() {
+        let dir = tmp("tmpfs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+            .arg(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a tmpfs here");
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let result = std::panic::catch_unwind(|| {
+            let q = dir.join("q");
+            let mut s = DiskStore::open(&q, 64 << 20, false).unwrap();
+            let mut stored = 0;
+            let full = loop {
+                match s.push(&rec(stored, 10_000)) {
+                    Ok(()) => stored += 1,
+                    Err(e) => break e,
+                }
+                assert!(stored < 10_000, "an 8 MiB disk never filled");
+            };
+            assert!(matches!(full, StoreError::NoSpace(_)), "{full:?}");
+            assert!(stored > 500, "{stored}");
+            // Still full while everything waits; delivered, the space comes back.
+            assert!(s.push(&rec(0, 10_000)).is_err());
+            assert_eq!(drain(&mut s).len() as u64, stored);
+            let mut again = 0;
+            while again < stored && s.push(&rec(again, 10_000)).is_ok() {
+                again += 1;
+            }
+            assert!(again > 500, "{again} records fit after the queue drained");
+            // Full again, and a second drain frees it again (the full segment was
+            // rolled over: it is deleted, not truncated).
+            assert!(s.push(&rec(0, 10_000)).is_err());
+            assert_eq!(drain(&mut s).len() as u64, again);
+            assert!(s.push(&rec(0, 10_000)).is_ok());
+        });
+        let _ = std::process::Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    }
+
+    fn segment_bytes(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let seg = list_segments(dir).unwrap()[0];
+        let path = segment_path(dir, seg);
+        let data = std::fs::read(&path).unwrap();
+        (path, data)
+    }
+
+    /// Issue: one damaged length byte discarded the rest of its segment (187 of 600
+    /// records), and a zeroed page likewise; neither the records nor the samples were
+    /// counted.
+    #[test]
+    fn damage_costs_only_the_damaged_records_and_is_counted() {
+        let dir = tmp("resync");
+        {
+            let mut s = DiskStore::open(&dir, 64 << 20, true).unwrap();
+            for i in 0..600 {
+                s.push(&rec(i, 1000)).unwrap();
+            }
+        }
+        let (path, mut data) = segment_bytes(&dir);
+        let frame = data.len() / 600;
+        // The length field of record 100, and a 4 KiB page of zeros in records 300..=305.
+        data[100 * frame + 5] ^= 0x40;
+        data[300 * frame + 10..300 * frame + 10 + 4096].fill(0);
+        std::fs::write(&path, &data).unwrap();
+        let mut s = DiskStore::open(&dir, 64 << 20, true).unwrap();
+        let seen = drain(&mut s);
+        let lost: Vec<u64> = (0..600).filter(|i| !seen.contains(i)).collect();
+        let page_end = (300 * frame + 10 + 4095) / frame;
+        let want: Vec<u64> = std::iter::once(100).chain(300..=page_end as u64).collect();
+        assert_eq!(lost, want, "only the damaged records are lost");
+        let skipped = s.take_corrupt();
+        assert_eq!(skipped.records, 2, "two damaged stretches: {skipped:?}");
+        assert!(skipped.bytes >= 4096, "{skipped:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A damaged payload with a sound header is skipped exactly and its samples counted.
+    #[test]
+    fn a_damaged_body_counts_its_samples() {
+        let dir = tmp("samples");
+        {
+            let mut s = DiskStore::open(&dir, 64 << 20, true).unwrap();
+            for i in 0..10 {
+                s.push(&rec(i, 1000)).unwrap();
+            }
+        }
+        let (path, mut data) = segment_bytes(&dir);
+        let frame = data.len() / 10;
+        data[4 * frame + 500] ^= 1;
+        std::fs::write(&path, &data).unwrap();
+        let mut s = DiskStore::open(&dir, 64 << 20, true).unwrap();
+        assert_eq!(drain(&mut s), vec![0, 1, 2, 3, 5, 6, 7, 8, 9]);
+        let skipped = s.take_corrupt();
+        assert_eq!((skipped.records, skipped.samples), (1, 4));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Segments written before the frame magic are still replayed.
+    #[test]
+    fn a_queue_written_in_the_format_before_the_magic_is_replayed() {
+        let dir = tmp("oldformat");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut data = Vec::new();
+        for i in 0..5 {
+            rec(i, 300).write_framed_old(&mut data);
+        }
+        std::fs::write(segment_path(&dir, 1), &data).unwrap();
+        std::fs::write(dir.join("cursor"), "1 0\n").unwrap();
+        let mut s = DiskStore::open(&dir, 64 << 20, true).unwrap();
+        assert_eq!(drain(&mut s), vec![0, 1, 2, 3, 4]);
+        assert!(s.take_corrupt().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue: a cursor edited to point past the data deleted every segment (120,000
+    /// samples) silently. A cursor that names no segment, or an offset past a segment's
+    /// end or between records, is not trusted: everything is replayed.
+    #[test]
+    fn a_cursor_that_does_not_match_the_segments_deletes_nothing() {
+        let dir = tmp("cursor");
+        {
+            let mut s = DiskStore::open(&dir, 1 << 16, true).unwrap();
+            for i in 0..40 {
+                s.push(&rec(i, 4000)).unwrap();
+            }
+        }
+        let segs = list_segments(&dir).unwrap();
+        assert!(segs.len() > 2, "{segs:?}");
+        let last = *segs.last().unwrap();
+        for bad in [
+            format!("{} 0\n", last + 1000),
+            format!("{} 99999999\n", segs[1]),
+            format!("{} 7\n", segs[1]),
+            "garbage\n".to_string(),
+        ] {
+            std::fs::write(dir.join("cursor"), &bad).unwrap();
+            let s = DiskStore::open(&dir, 1 << 16, true).unwrap();
+            assert_eq!(s.len(), 40, "cursor {bad:?} lost records");
+        }
+        // A sound cursor still skips what was acknowledged.
+        std::fs::write(dir.join("cursor"), format!("{} 0\n", segs[1])).unwrap();
+        let s = DiskStore::open(&dir, 1 << 16, true).unwrap();
+        assert!(s.len() < 40 && !s.is_empty(), "{}", s.len());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_held_directory_is_waited_for_within_the_bound() {
+        let dir = tmp("lockwait");
+        let a = DiskStore::open(&dir, 1 << 20, false).unwrap();
+        let t = std::time::Instant::now();
+        let err = DiskStore::open_waiting(&dir, 1 << 20, false, Duration::from_millis(300))
+            .err()
+            .expect("still held");
+        assert!(err.to_string().contains("in use"), "{err}");
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(a);
+        });
+        DiskStore::open_waiting(&dir, 1 << 20, false, Duration::from_secs(10)).unwrap();
+        releaser.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
