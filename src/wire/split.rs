@@ -44,6 +44,10 @@ pub enum SplitError {
 pub const TENANTS_PER_NAME: usize = 8;
 /// How many metric names [`FamilyTenants`] remembers (the least recently seen go first).
 pub const REMEMBERED_NAMES: usize = 4096;
+/// Names and tenants longer than this are not remembered: with label values of up to
+/// 64 KiB, 4,096 names × 8 tenants could otherwise pin gigabytes outside the budget;
+/// at this size the memory stays under 10 MiB per tenancy group.
+pub const REMEMBERED_BYTES: usize = 256;
 
 /// The tenants series of each metric name were last routed to: where metadata sent
 /// without series goes. Bounded: [`TENANTS_PER_NAME`] tenants for each of at most
@@ -69,6 +73,9 @@ impl FamilyTenants {
     /// Notes that a series named `name` went to `tenant`. Allocates only for a name not
     /// remembered yet, or a tenant longer than the one it replaces.
     pub fn note(&mut self, name: &[u8], tenant: Option<&[u8]>) {
+        if name.len() > REMEMBERED_BYTES || tenant.is_some_and(|t| t.len() > REMEMBERED_BYTES) {
+            return;
+        }
         let recent = match self.current.get_mut(name) {
             Some(r) => r,
             None => {
@@ -776,6 +783,12 @@ mod tests {
         assert!(recent(&m, b"x_total").is_empty(), "forgotten");
         let last = format!("n{}", 10 * REMEMBERED_NAMES - 1);
         assert_eq!(recent(&m, last.as_bytes()).len(), 1);
+        // Long names and tenants (label values go up to 64 KiB) are not remembered.
+        let long = vec![b'x'; REMEMBERED_BYTES + 1];
+        m.note(&long, Some(b"a"));
+        m.note(b"short", Some(&long));
+        assert!(recent(&m, &long).is_empty());
+        assert!(recent(&m, b"short").is_empty());
     }
 
     #[test]

@@ -242,9 +242,17 @@ impl QueuedSink {
             return;
         }
         h.run.draining.store(false, Ordering::Relaxed);
+        // The counters again from what the stores hold: a request that reserved bytes
+        // just before the halt found no running queue to release them in.
+        let (mut bytes, mut requests) = (0, 0);
         for s in &h.run.shards {
-            lock(&s.state).closed = false;
+            let mut st = lock(&s.state);
+            st.closed = false;
+            bytes += st.store.bytes();
+            requests += st.store.len() as u64;
         }
+        h.run.bytes.store(bytes, Ordering::Release);
+        h.run.requests.store(requests, Ordering::Release);
         self.spawn_tasks(&h.run);
         *slot = Some(h.run);
     }
@@ -583,9 +591,11 @@ impl QueuedSink {
             }
             pushed.push(*i);
         }
-        drop(guards);
+        // Counted before the shards are unlocked: a reload halting the queue in between
+        // must see these records (it hands over what the counter says is there).
         run.requests
             .fetch_add(records.len() as u64, Ordering::Relaxed);
+        drop(guards);
         run.refusing.store(false, Ordering::Relaxed);
         for (i, _) in &records {
             run.shards[*i].wake.notify_one();
