@@ -312,13 +312,21 @@ pub(crate) fn retry_after(outcome: &Outcome) -> Option<Duration> {
         Outcome::Rejected {
             retry_after: Some(v),
             ..
-        } => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(Duration::from_secs),
+        } => parse_retry_after(v.to_str().ok()?, std::time::SystemTime::now()),
         _ => None,
     }
+}
+
+/// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date (any of
+/// the three formats a recipient must accept), as the wait from `now`; a date in the
+/// past is no wait.
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// Fans a body out to every sink and combines the outcomes.
@@ -714,5 +722,30 @@ mod tests {
         }
         assert_eq!(rejected(304).class(), OutcomeClass::Unavailable);
         assert!(Outcome::Timeout.is_retryable());
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        use std::time::{Duration, UNIX_EPOCH};
+        // Sun, 06 Nov 1994 08:49:37 GMT, RFC 9110's example.
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777 - 120);
+        for (value, want) in [
+            ("7", Some(Duration::from_secs(7))),
+            (" 30 ", Some(Duration::from_secs(30))),
+            (
+                "Sun, 06 Nov 1994 08:49:37 GMT",
+                Some(Duration::from_secs(120)),
+            ),
+            (
+                "Sunday, 06-Nov-94 08:49:37 GMT",
+                Some(Duration::from_secs(120)),
+            ),
+            ("Sun Nov  6 08:49:37 1994", Some(Duration::from_secs(120))),
+            ("Sat, 05 Nov 1994 08:49:37 GMT", Some(Duration::ZERO)),
+            ("soon", None),
+            ("-1", None),
+        ] {
+            assert_eq!(parse_retry_after(value, now), want, "{value:?}");
+        }
     }
 }
