@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -126,22 +125,11 @@ async fn each_tenants_series_reach_its_own_receiver_through_the_tenant_header() 
     }
     let (gateway_url, seen) = gateway(urls).await;
 
-    let port = free_port();
-    std::fs::write(
-        dir.join("promnorm.yml"),
+    let mut proxy = promnorm_serve(&dir, |port| {
         format!(
             "listen: 127.0.0.1:{port}\nshutdown_timeout: 2s\ntenancy:\n  label: team\n  default: anonymous\nbackends:\n  - name: mimir\n    url: {gateway_url}\n"
-        ),
-    )
-    .unwrap();
-    let mut proxy = Proc::new(
-        Path::new(env!("CARGO_BIN_EXE_promnorm")),
-        vec![
-            "serve".into(),
-            format!("--config={}", dir.join("promnorm.yml").display()),
-        ],
-        port,
-    );
+        )
+    });
     proxy.start("/-/ready").await;
 
     let target = target().await;
@@ -297,22 +285,11 @@ async fn metadata_from_prometheus_reaches_the_tenants_without_a_default_or_a_ret
         }),
     );
     let gateway_url = format!("http://{}/api/v1/push", common::serve(app).await);
-    let port = free_port();
-    std::fs::write(
-        dir.join("promnorm.yml"),
+    let mut proxy = promnorm_serve(&dir, |port| {
         format!(
             "listen: 127.0.0.1:{port}\nshutdown_timeout: 2s\ntenancy:\n  label: team\nbackends:\n  - name: gateway\n    url: {gateway_url}\n"
-        ),
-    )
-    .unwrap();
-    let mut proxy = Proc::new(
-        Path::new(env!("CARGO_BIN_EXE_promnorm")),
-        vec![
-            "serve".into(),
-            format!("--config={}", dir.join("promnorm.yml").display()),
-        ],
-        port,
-    );
+        )
+    });
     proxy.start("/-/ready").await;
     let mut sender = prometheus_sender(
         &prom,

@@ -94,6 +94,21 @@ pub fn prometheus_receiver(prom: &Path, dir: &Path) -> Proc {
     )
 }
 
+/// `promnorm serve` on the configuration `config(port)` writes (its `promnorm.yml` in
+/// `dir`), listening on a free `port`. Start it with `.start("/-/ready")`.
+pub fn promnorm_serve(dir: &Path, config: impl FnOnce(u16) -> String) -> Proc {
+    let port = free_port();
+    std::fs::write(dir.join("promnorm.yml"), config(port)).unwrap();
+    Proc::new(
+        Path::new(env!("CARGO_BIN_EXE_promnorm")),
+        vec![
+            "serve".into(),
+            format!("--config={}", dir.join("promnorm.yml").display()),
+        ],
+        port,
+    )
+}
+
 /// A Prometheus that scrapes and remote-writes as `config` (its `sender.yml`) says,
 /// its data under `dir/sender-data`. Start it with `.start("/-/ready")`.
 pub fn prometheus_sender(prom: &Path, dir: &Path, config: &str) -> Proc {
