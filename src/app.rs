@@ -140,16 +140,18 @@ impl Assemble for Config {
 
     /// The pipeline around already compiled rules.
     fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, BuildError> {
+        // Read once: the sizing reads the cgroup files.
+        let max_decoded_bytes = usize_of(self.sizing().max_decoded_bytes);
         let mut p = crate::pipeline::Pipeline::new(
             std::sync::Arc::new(rules),
             crate::pipeline::PipelineLimits {
-                max_decoded_bytes: usize_of(self.sizing().max_decoded_bytes),
+                max_decoded_bytes,
                 decode: crate::wire::DecodeLimits {
                     max_series: self.limits.max_series_per_request,
                     max_labels_per_series: self.limits.max_labels_per_series,
                     max_label_value_bytes: self.limits.max_label_value_bytes.as_usize(),
                     // A 2.0 request spelled out is held like a decoded body.
-                    max_expanded_bytes: usize_of(self.sizing().max_decoded_bytes),
+                    max_expanded_bytes: max_decoded_bytes,
                 },
             },
         );

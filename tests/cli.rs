@@ -340,27 +340,27 @@ fn an_unreachable_backend_is_named_at_start_and_in_the_answer() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    // One series, as a 1.0 request: snappy literal of a WriteRequest with `up 1`.
+    // One series, `up 1`, as a 1.0 request.
     let req = {
-        let label = |n: &str, v: &str| {
-            let mut l = vec![0x0a, n.len() as u8];
-            l.extend_from_slice(n.as_bytes());
-            l.extend_from_slice(&[0x12, v.len() as u8]);
-            l.extend_from_slice(v.as_bytes());
-            l
+        use promnorm::wire::proto::prometheus as pb;
+        use prost::Message;
+        let wr = pb::WriteRequest {
+            timeseries: vec![pb::TimeSeries {
+                labels: vec![pb::Label {
+                    name: "__name__".into(),
+                    value: "up".into(),
+                }],
+                samples: vec![pb::Sample {
+                    value: 1.0,
+                    timestamp: 1,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
         };
-        let mut ts = Vec::new();
-        let l = label("__name__", "up");
-        ts.extend_from_slice(&[0x0a, l.len() as u8]);
-        ts.extend_from_slice(&l);
-        let mut sample = vec![0x09];
-        sample.extend_from_slice(&1f64.to_le_bytes());
-        sample.extend_from_slice(&[0x10, 0x01]);
-        ts.extend_from_slice(&[0x12, sample.len() as u8]);
-        ts.extend_from_slice(&sample);
-        let mut wr = vec![0x0a, ts.len() as u8];
-        wr.extend_from_slice(&ts);
-        snap::raw::Encoder::new().compress_vec(&wr).unwrap()
+        snap::raw::Encoder::new()
+            .compress_vec(&wr.encode_to_vec())
+            .unwrap()
     };
     let mut s = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))

@@ -127,20 +127,9 @@ async fn start_sender(
 
 /// A real `promnorm serve` with `backends_yaml` (a YAML list).
 fn promnorm(dir: &Path, backends_yaml: &str) -> Proc {
-    let port = free_port();
-    std::fs::write(
-        dir.join("promnorm.yml"),
-        format!("listen: 127.0.0.1:{port}\nshutdown_timeout: 2s\nbackends:\n{backends_yaml}"),
-    )
-    .unwrap();
-    Proc::new(
-        Path::new(env!("CARGO_BIN_EXE_promnorm")),
-        vec![
-            "serve".into(),
-            format!("--config={}", dir.join("promnorm.yml").display()),
-        ],
-        port,
-    )
+    promnorm_serve(dir, |port| {
+        format!("listen: 127.0.0.1:{port}\nshutdown_timeout: 2s\nbackends:\n{backends_yaml}")
+    })
 }
 
 type Samples = SamplesByLabel;

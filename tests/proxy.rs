@@ -446,17 +446,6 @@ async fn every_bad_input_class_of_the_wire_table_is_answered_over_http() {
     assert!(rec.requests().is_empty(), "nothing invalid was forwarded");
 }
 
-/// Sum of the values of `name`'s lines on promnorm's `/metrics` that contain every filter.
-async fn proxy_metric(p: &Proxy, name: &str, filters: &[&str]) -> f64 {
-    get(&format!("http://{}/metrics", p.addr))
-        .await
-        .body
-        .lines()
-        .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn a_redirecting_backend_is_misconfigured_queued_or_not() {
     // promnorm follows no redirect (a remote-write body is not re-sent to another URL):
@@ -482,8 +471,7 @@ async fn a_redirecting_backend_is_misconfigured_queued_or_not() {
         let gauge = |name: String| {
             let p = &p;
             async move {
-                proxy_metric(
-                    p,
+                p.metric(
                     "promnorm_backend_misconfigured",
                     &[&format!("backend=\"{name}\"")],
                 )

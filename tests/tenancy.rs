@@ -126,16 +126,6 @@ fn some(t: &str) -> Option<String> {
     Some(t.to_string())
 }
 
-async fn metric(proxy: &Proxy, name: &str, filters: &[&str]) -> f64 {
-    get(&format!("http://{}/metrics", proxy.addr))
-        .await
-        .body
-        .lines()
-        .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn three_tenants_one_refused_by_one_backend_one_throttled_by_another() {
     // Backend `strict` refuses tenant b as data (400); backend `busy` throttles tenant c.
@@ -183,8 +173,7 @@ async fn three_tenants_one_refused_by_one_backend_one_throttled_by_another() {
     let count = |backend: &'static str, tenant: &'static str, outcome: &'static str| {
         let p = &proxy;
         async move {
-            metric(
-                p,
+            p.metric(
                 "promnorm_tenant_samples_total",
                 &[
                     &format!("backend=\"{backend}\""),
@@ -289,12 +278,9 @@ async fn more_tenants_than_allowed_is_a_clear_400_and_counted() {
     assert_eq!(r.status, 400);
     assert!(r.body.contains("more than 2 tenants"), "{}", r.body);
     assert_eq!(
-        metric(
-            &proxy,
-            "promnorm_samples_dropped_total",
-            &["too_many_tenants"]
-        )
-        .await,
+        proxy
+            .metric("promnorm_samples_dropped_total", &["too_many_tenants"])
+            .await,
         6.0
     );
     assert_eq!(
@@ -738,12 +724,9 @@ async fn tenant_fan_out_is_bounded_per_backend_and_the_excess_is_retryable() {
         "the excess is answered quickly"
     );
     assert!(
-        metric(
-            &proxy,
-            "promnorm_backend_saturated_total",
-            &["backend=\"fanout\""]
-        )
-        .await
+        proxy
+            .metric("promnorm_backend_saturated_total", &["backend=\"fanout\""])
+            .await
             >= 200.0 - 64.0
     );
     // The pool keeps its connections: a second wave opens no new ones.
@@ -877,21 +860,18 @@ async fn metadata_alone_goes_to_the_tenants_seen_for_its_family_or_is_dropped_co
         "nothing went without a tenant"
     );
     assert_eq!(
-        metric(
-            &proxy,
-            "promnorm_metadata_dropped_total",
-            &["backend=\"gw_meta\"", "reason=\"no_tenant\""]
-        )
-        .await,
+        proxy
+            .metric(
+                "promnorm_metadata_dropped_total",
+                &["backend=\"gw_meta\"", "reason=\"no_tenant\""]
+            )
+            .await,
         2.0
     );
     assert_eq!(
-        metric(
-            &proxy,
-            "promnorm_backend_misconfigured",
-            &["backend=\"gw_meta\""]
-        )
-        .await,
+        proxy
+            .metric("promnorm_backend_misconfigured", &["backend=\"gw_meta\""])
+            .await,
         0.0
     );
     proxy.shut_down().await;
@@ -907,13 +887,7 @@ async fn the_misconfigured_gauge_holds_while_a_backend_keeps_refusing_some_reque
         "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  default: good\nbackends:\n  - name: gw_flap\n    url: {url}\n"
     );
     let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
-    let gauge = || {
-        metric(
-            &proxy,
-            "promnorm_backend_misconfigured",
-            &["backend=\"gw_flap\""],
-        )
-    };
+    let gauge = || proxy.metric("promnorm_backend_misconfigured", &["backend=\"gw_flap\""]);
     for round in 0..3 {
         let r = post(&proxy.url(), request(&[Some("bad")]), RW_HEADERS).await;
         assert_eq!(r.status, 503, "{}", r.body);

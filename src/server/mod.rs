@@ -393,7 +393,6 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
     {
         if let Err(why) = ticket.reserve(declared) {
             drop(ticket);
-            telemetry::request_throttled(why.reason());
             return throttled_answer(&st, why);
         }
         decoded_reserved = declared;
@@ -411,7 +410,6 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
             Err(why) => {
                 st.pipeline.return_workspace(ws);
                 drop(ticket);
-                telemetry::request_throttled(why.reason());
                 return throttled_answer(&st, why);
             }
         },
@@ -503,12 +501,13 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
 /// The throttle status (`server.throttle_status`) for a request beyond the overload
 /// budget, counted by reason; the rest of its body is discarded in the background.
 fn throttled(st: &AppState, why: budget::Throttle, body: Body) -> Response {
-    telemetry::request_throttled(why.reason());
     budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
     throttled_answer(st, why)
 }
 
+/// The throttle status for a request beyond the overload budget, counted by reason.
 fn throttled_answer(st: &AppState, why: budget::Throttle) -> Response {
+    telemetry::request_throttled(why.reason());
     answer(
         st.throttle_status,
         &format!(

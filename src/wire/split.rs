@@ -623,6 +623,23 @@ mod tests {
         )
     }
 
+    /// Each body's tenant and the metadata families it holds, sorted.
+    fn families_by_tenant(bodies: &[TenantBody]) -> Vec<(Option<String>, Vec<String>)> {
+        bodies
+            .iter()
+            .map(decoded)
+            .map(|(t, r)| {
+                let mut f: Vec<String> = r
+                    .metadata
+                    .into_iter()
+                    .map(|m| m.metric_family_name)
+                    .collect();
+                f.sort();
+                (t, f)
+            })
+            .collect()
+    }
+
     #[test]
     fn three_tenants_and_a_default() {
         let body = request(&[Some("a"), Some("b"), None, Some("a"), Some("c")]);
@@ -670,19 +687,7 @@ mod tests {
         let mut split = TenantSplit::new();
         for round in 0..2 {
             let bodies = split.split(&out, &opts(Some(b"anon"), false, 10)).unwrap();
-            let got: Vec<(Option<String>, Vec<String>)> = bodies
-                .iter()
-                .map(decoded)
-                .map(|(t, r)| {
-                    let mut f: Vec<String> = r
-                        .metadata
-                        .into_iter()
-                        .map(|m| m.metric_family_name)
-                        .collect();
-                    f.sort();
-                    (t, f)
-                })
-                .collect();
+            let got = families_by_tenant(bodies);
             assert_eq!(
                 got,
                 [
@@ -802,21 +807,7 @@ mod tests {
             }
             out
         };
-        let families = |bodies: &[TenantBody]| -> Vec<(Option<String>, Vec<String>)> {
-            bodies
-                .iter()
-                .map(decoded)
-                .map(|(t, r)| {
-                    let mut f: Vec<String> = r
-                        .metadata
-                        .into_iter()
-                        .map(|m| m.metric_family_name)
-                        .collect();
-                    f.sort();
-                    (t, f)
-                })
-                .collect()
-        };
+        let families = families_by_tenant;
         let strict = Orphans {
             memory: &memory,
             untenanted_ok: false,

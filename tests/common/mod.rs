@@ -144,6 +144,18 @@ impl Proxy {
     pub fn url(&self) -> String {
         format!("http://{}/api/v1/write", self.addr)
     }
+
+    /// Sum of the values of `name`'s lines on the proxy's `/metrics` that contain every
+    /// filter.
+    pub async fn metric(&self, name: &str, filters: &[&str]) -> f64 {
+        get(&format!("http://{}/metrics", self.addr))
+            .await
+            .body
+            .lines()
+            .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 /// Starts promnorm in-process with `extra_yaml` appended to a minimal configuration.

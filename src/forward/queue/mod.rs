@@ -83,12 +83,10 @@ pub struct QueuedSink {
     pass: Vec<HeaderName>,
     /// Open between [`Sink::start`] and [`Sink::stop`]; a stopped queue can start again.
     running: Mutex<Option<Arc<Running>>>,
-    /// How long [`Sink::start`] waits for a disk queue's directory held by another
-    /// process (a promnorm still stopping while its successor starts).
-    lock_wait: Duration,
 }
 
-/// The default of [`QueuedSink::with_lock_wait`].
+/// How long [`Sink::start`] waits for a disk queue's directory held by another process
+/// (a promnorm still stopping while its successor starts).
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// A queue stopped by [`QueuedSink::halt`] with everything it held: given to a successor
@@ -180,7 +178,6 @@ impl QueuedSink {
             opts,
             pass,
             running: Mutex::new(None),
-            lock_wait: LOCK_WAIT,
         }
     }
 
@@ -200,13 +197,6 @@ impl QueuedSink {
     /// True between a start (or a retirement) and a stop.
     pub fn is_running(&self) -> bool {
         self.running().is_some()
-    }
-
-    /// Sets how long [`Sink::start`] waits for a held queue directory (default
-    /// [`LOCK_WAIT`]).
-    pub fn with_lock_wait(mut self, wait: Duration) -> QueuedSink {
-        self.lock_wait = wait;
-        self
     }
 
     /// Stops the queue at once (its senders ended, nothing more accepted) and returns
@@ -350,7 +340,6 @@ impl QueuedSink {
             inner: target,
             opts: h.opts.clone(),
             running: Mutex::new(None),
-            lock_wait: LOCK_WAIT,
         });
         if h.requests() == 0 {
             h.close();
@@ -425,7 +414,7 @@ impl QueuedSink {
                 &dir.join(format!("shard-{i}")),
                 segment,
                 fsync_interval.is_zero(),
-                self.lock_wait,
+                LOCK_WAIT,
             )
         };
         // Series are assigned to shards by hash modulo their number: data queued under
