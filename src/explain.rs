@@ -347,7 +347,7 @@ pub fn simulate(rules: &Rules, plan: &Plan, name: &str, labels: &[(String, Strin
     }
 }
 
-fn rescale_le(text: &str, f: Factor) -> String {
+pub fn rescale_le(text: &str, f: Factor) -> String {
     let Some(v) = parse_float(text).filter(|v| v.is_finite()) else {
         return text.to_string();
     };

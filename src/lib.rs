@@ -11,6 +11,7 @@ pub mod explain;
 pub mod exposition;
 pub mod forward;
 pub mod mapping;
+pub mod migrate;
 pub mod normalize;
 pub mod pem;
 pub mod pipeline;

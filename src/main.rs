@@ -102,6 +102,12 @@ enum Command {
         #[arg(long = "sum-family")]
         sum_families: Vec<String>,
     },
+    /// Rewrite PromQL, Grafana dashboards and rule files written against the old metric
+    /// names and units with the same rules the proxy applies (docs/migrations.md).
+    Migrate {
+        #[command(subcommand)]
+        what: MigrateCommand,
+    },
     /// Print the version, the commit it was built from and the compiler.
     Version,
     /// GET a local http:// URL and exit 0 on a 2xx answer (the container HEALTHCHECK:
@@ -118,6 +124,61 @@ enum Command {
     },
     /// Print the man page (roff).
     Man,
+}
+
+#[derive(clap::Args)]
+struct MigrateOptions {
+    /// Configuration file (YAML) whose packs apply.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Exit 1 and list every old metric name or label still referenced (CI of a
+    /// dashboards or rules repository); write nothing.
+    #[arg(long)]
+    check: bool,
+    /// Also write the report (per expression: what changed, why, what needs a human)
+    /// as JSON to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum MigrateCommand {
+    /// Rewrite one PromQL query: the new query on stdout, one line per finding on stderr.
+    Query {
+        #[command(flatten)]
+        opts: MigrateOptions,
+        /// Return exactly the old values (a factor placed where the unit changed);
+        /// without it the values come out in the new base unit, which stderr names.
+        #[arg(long)]
+        keep_values: bool,
+        /// The query.
+        query: String,
+    },
+    /// Rewrite a Grafana dashboard (JSON): panels, rows, variables, legends, and
+    /// without --keep-values each panel's unit.
+    Grafana {
+        #[command(flatten)]
+        opts: MigrateOptions,
+        /// Keep every panel's values (and unit) as they were.
+        #[arg(long)]
+        keep_values: bool,
+        /// The dashboard (`-`: stdin).
+        input: PathBuf,
+        /// Where to write the new dashboard (default: stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Rewrite a Prometheus rule file (alerting and recording rules); thresholds keep
+    /// their meaning.
+    Rules {
+        #[command(flatten)]
+        opts: MigrateOptions,
+        /// The rule file (`-`: stdin).
+        input: PathBuf,
+        /// Where to write the new rule file (default: stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 /// README, for the man page's configuration section: its table is kept equal to the
@@ -303,6 +364,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
         }
+        Command::Migrate { what } => return migrate(what),
         Command::Explain { config, name } => {
             // A bad name or selector is an error before any configuration is read.
             promnorm::explain::parse_selector(&name)?;
@@ -393,6 +455,76 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()?;
             rt.block_on(promnorm::app::serve(source, web_enable_lifecycle))?;
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_input(path: &PathBuf) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `promnorm migrate …`: 0 done (or `--check`: nothing old referenced); 1 when `--check`
+/// found old references, or on an error (printed by the caller).
+fn migrate(what: MigrateCommand) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use promnorm::migrate::{self, Entry, QueryRewriter};
+    let (opts, keep_values) = match &what {
+        MigrateCommand::Query {
+            opts, keep_values, ..
+        }
+        | MigrateCommand::Grafana {
+            opts, keep_values, ..
+        } => (opts, *keep_values),
+        // Rule files keep their values: thresholds and recorded series keep their meaning.
+        MigrateCommand::Rules { opts, .. } => (opts, true),
+    };
+    let cfg = load(opts.config.as_ref())?;
+    let rules = cfg.compile_rules()?;
+    let rw = QueryRewriter::new(&rules, keep_values);
+    let (text, output, entries): (String, Option<&PathBuf>, Vec<Entry>) = match &what {
+        MigrateCommand::Query { query, .. } => {
+            let r = rw.rewrite(query);
+            let entry = Entry::from_query("query", query, &r);
+            (format!("{}\n", r.query), None, vec![entry])
+        }
+        MigrateCommand::Grafana { input, output, .. } => {
+            let m = migrate::grafana::migrate(&rw, &read_input(input)?)?;
+            (m.text, output.as_ref(), m.entries)
+        }
+        MigrateCommand::Rules { input, output, .. } => {
+            let m = migrate::rules_file::migrate(&rw, &read_input(input)?)?;
+            (m.text, output.as_ref(), m.entries)
+        }
+    };
+    if let Some(path) = &opts.report {
+        std::fs::write(path, migrate::report_json(&entries, keep_values))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if opts.check {
+        let lines = migrate::check_lines(&entries);
+        for l in &lines {
+            println!("{l}");
+        }
+        return Ok(if lines.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    for l in migrate::finding_lines(&entries) {
+        eprintln!("{l}");
+    }
+    match output {
+        Some(path) => {
+            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,1123 @@
+//! PromQL rewriting with the proxy's compiled [`Rules`] (docs/migrations.md).
+//!
+//! The query is parsed by `promql-parser`, rewritten in place, and printed back only when
+//! something changed (an untouched query keeps its text byte for byte). Every selector is
+//! run through the plan the proxy applies to the series it selects; every expression node
+//! carries the factor its values changed by (`new = old × f`), so products and quotients
+//! combine factors, sums and comparisons see equal ones, and `histogram_quantile` returns
+//! the unit of `le`. Where the algebra cannot be done, the smallest subexpression is
+//! wrapped to restore the old values (never inside a range selector). What cannot be
+//! rewritten faithfully is reported, never silently changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::token::{self, TokenType};
+use promql_parser::parser::{
+    AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, NumberLiteral, ParenExpr,
+    VectorMatchCardinality, VectorSelector,
+};
+
+use crate::explain::rescale_le;
+use crate::mapping::Rules;
+use crate::mapping::compile::{Action, Plan, REASON_RANK_DEDUP, Resolution, ScaleTarget};
+use crate::mapping::number::Factor;
+
+/// Why a query was changed, or why it needs a human. The `snake_case` names are the
+/// report's and docs/migrations.md's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// A metric name the rules rename.
+    Renamed,
+    /// A label the rules rename (in a matcher, a grouping or a function argument).
+    LabelRenamed,
+    /// A label value the rules map, in an equality matcher.
+    LabelValueMapped,
+    /// A `le` matcher of a rescaled histogram, rewritten to the new bound's text.
+    LeRescaled,
+    /// A split family, selected by the split label's value: the new name.
+    SplitResolved,
+    /// `--keep-values`: a factor placed so the expression returns the old values.
+    ValuesRestored,
+    /// A threshold (number literal) rescaled into the new unit.
+    ThresholdRescaled,
+    /// Without `--keep-values`: the result's values are in a new unit.
+    UnitChanged,
+    /// The family is deduplicated over tensor-parallel ranks: sums over ranks change.
+    RankDedup,
+    /// The family is split by a label the selector does not pin to one value.
+    SplitUnresolved,
+    /// The family (or the selected part of it) is dropped by a rule.
+    Dropped,
+    /// A rule applies only to some label values the selector does not decide.
+    LabelDependent,
+    /// A metric name selected by a regular expression or a negative matcher.
+    NameRegex,
+    /// A regular-expression matcher on `le` of a rescaled histogram, or on a label whose
+    /// values the rules map.
+    ValueRegex,
+    /// A rule sets or removes a label the selector matches on.
+    LabelChanged,
+    /// A construct the engine does not rewrite (`or` inside braces, native histogram
+    /// functions, an unknown function over a range of a rescaled series).
+    Unsupported,
+    /// The text is not PromQL the parser accepts: left as it was.
+    ParseError,
+    /// A recording rule whose output name a pack renames (rule files).
+    RecordRenamed,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Renamed => "renamed",
+            Reason::LabelRenamed => "label_renamed",
+            Reason::LabelValueMapped => "label_value_mapped",
+            Reason::LeRescaled => "le_rescaled",
+            Reason::SplitResolved => "split_resolved",
+            Reason::ValuesRestored => "values_restored",
+            Reason::ThresholdRescaled => "threshold_rescaled",
+            Reason::UnitChanged => "unit_changed",
+            Reason::RankDedup => "rank_dedup",
+            Reason::SplitUnresolved => "split_unresolved",
+            Reason::Dropped => "dropped",
+            Reason::LabelDependent => "label_dependent",
+            Reason::NameRegex => "name_regex",
+            Reason::ValueRegex => "value_regex",
+            Reason::LabelChanged => "label_changed",
+            Reason::Unsupported => "unsupported",
+            Reason::ParseError => "parse_error",
+            Reason::RecordRenamed => "record_renamed",
+        }
+    }
+
+    /// True when a person must look: the query's meaning changes or could not be kept.
+    pub fn needs_human(self) -> bool {
+        !matches!(
+            self,
+            Reason::Renamed
+                | Reason::LabelRenamed
+                | Reason::LabelValueMapped
+                | Reason::LeRescaled
+                | Reason::SplitResolved
+                | Reason::ValuesRestored
+                | Reason::ThresholdRescaled
+                | Reason::UnitChanged
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+/// The result of rewriting one query.
+#[derive(Clone, Debug)]
+pub struct Rewritten {
+    /// The rewritten query; the input text itself when nothing changed.
+    pub query: String,
+    pub changed: bool,
+    pub findings: Vec<Finding>,
+    /// Without `--keep-values`: the factor the result's values now carry (`new = old ×
+    /// f`); `None` when they are unchanged.
+    pub value_factor: Option<Factor>,
+    /// Labels renamed in the query (old → new), for legend templates.
+    pub label_renames: Vec<(String, String)>,
+    /// Old metric names and labels the query referenced (what `--check` lists).
+    pub old_references: Vec<String>,
+}
+
+impl Rewritten {
+    pub fn needs_human(&self) -> bool {
+        self.findings.iter().any(|f| f.reason.needs_human())
+    }
+}
+
+/// Rewrites PromQL with one rule set.
+pub struct QueryRewriter<'r> {
+    rules: &'r Rules,
+    keep_values: bool,
+}
+
+/// What one expression's values became.
+#[derive(Clone, Debug)]
+struct Val {
+    /// `new = old × factor`.
+    factor: Factor,
+    /// For bucket series (and what keeps them: rates, sums by `le`): the factor of `le`.
+    le: Option<Factor>,
+    /// Made of number literals only: takes the unit of what it is compared or added to.
+    constant: bool,
+    /// Labels renamed below this node (old → new).
+    renames: Vec<(String, String)>,
+}
+
+impl Val {
+    fn plain() -> Val {
+        Val {
+            factor: Factor::ONE,
+            le: None,
+            constant: false,
+            renames: Vec::new(),
+        }
+    }
+
+    fn constant() -> Val {
+        Val {
+            constant: true,
+            ..Val::plain()
+        }
+    }
+
+    fn with_factor(mut self, factor: Factor) -> Val {
+        self.factor = factor;
+        self.le = None;
+        self.constant = false;
+        self
+    }
+}
+
+fn inverse(f: Factor) -> Factor {
+    Factor {
+        num: f.den,
+        den: f.num,
+    }
+}
+
+/// Functions whose result is the argument's values times the same factor (positive
+/// factors: order, signs and extrema are kept).
+const LINEAR: &[&str] = &[
+    "abs",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "last_over_time",
+    "stddev_over_time",
+    "mad_over_time",
+    "quantile_over_time",
+    "predict_linear",
+    "holt_winters",
+    "double_exponential_smoothing",
+    "sort",
+    "sort_desc",
+    "sort_by_label",
+    "sort_by_label_desc",
+    "label_replace",
+    "label_join",
+    "scalar",
+    "vector",
+    "first_over_time",
+];
+
+/// Functions whose result does not depend on the scale of a positive factor.
+const UNITLESS: &[&str] = &[
+    "changes",
+    "resets",
+    "count_over_time",
+    "present_over_time",
+    "absent",
+    "absent_over_time",
+    "timestamp",
+    "sgn",
+    "time",
+    "day_of_month",
+    "day_of_week",
+    "day_of_year",
+    "days_in_month",
+    "hour",
+    "minute",
+    "month",
+    "year",
+    "pi",
+];
+
+/// Native histogram functions: promnorm does not rename native histograms yet.
+const NATIVE: &[&str] = &[
+    "histogram_count",
+    "histogram_sum",
+    "histogram_avg",
+    "histogram_stddev",
+    "histogram_stdvar",
+];
+
+impl<'r> QueryRewriter<'r> {
+    pub fn new(rules: &'r Rules, keep_values: bool) -> Self {
+        QueryRewriter { rules, keep_values }
+    }
+
+    pub fn keep_values(&self) -> bool {
+        self.keep_values
+    }
+
+    /// Rewrites one query. Grafana variables (`$var`, `${var}`, `[[var]]`,
+    /// `$__rate_interval`) are kept as they are.
+    pub fn rewrite(&self, query: &str) -> Rewritten {
+        let unchanged = |findings| Rewritten {
+            query: query.to_string(),
+            changed: false,
+            findings,
+            value_factor: None,
+            label_renames: Vec::new(),
+            old_references: Vec::new(),
+        };
+        let templ = super::template::Template::mask(query);
+        let mut expr = match promql_parser::parser::parse(templ.masked()) {
+            Ok(e) => e,
+            Err(e) => {
+                return unchanged(vec![Finding {
+                    reason: Reason::ParseError,
+                    detail: format!("not rewritten: {}", e.trim()),
+                }]);
+            }
+        };
+        let mut walk = Walk {
+            rules: self.rules,
+            keep_values: self.keep_values,
+            findings: Vec::new(),
+            changed: false,
+            old: Vec::new(),
+            renames: Vec::new(),
+        };
+        let val = walk.expr(&mut expr);
+        let mut value_factor = None;
+        if !val.factor.is_one() && !val.constant {
+            if self.keep_values {
+                walk.restore(&mut expr, val.factor, "the query's result");
+            } else {
+                value_factor = Some(val.factor);
+                walk.note(
+                    Reason::UnitChanged,
+                    format!("the result's values are now {} the old ones", val.factor),
+                );
+            }
+        }
+        if !walk.changed {
+            return Rewritten {
+                old_references: walk.old,
+                ..unchanged(walk.findings)
+            };
+        }
+        let printed = expr.to_string();
+        Rewritten {
+            query: templ.unmask(&printed),
+            changed: true,
+            findings: walk.findings,
+            value_factor,
+            label_renames: walk.renames,
+            old_references: walk.old,
+        }
+    }
+}
+
+struct Walk<'r> {
+    rules: &'r Rules,
+    keep_values: bool,
+    findings: Vec<Finding>,
+    changed: bool,
+    old: Vec<String>,
+    renames: Vec<(String, String)>,
+}
+
+impl Walk<'_> {
+    fn note(&mut self, reason: Reason, detail: String) {
+        let f = Finding { reason, detail };
+        if !self.findings.contains(&f) {
+            self.findings.push(f);
+        }
+    }
+
+    fn old_ref(&mut self, what: String) {
+        if !self.old.contains(&what) {
+            self.old.push(what);
+        }
+    }
+
+    fn expr(&mut self, e: &mut Expr) -> Val {
+        match e {
+            Expr::NumberLiteral(_) => Val::constant(),
+            Expr::StringLiteral(_) => Val::plain(),
+            Expr::Paren(p) => self.expr(&mut p.expr),
+            Expr::Unary(u) => self.expr(&mut u.expr),
+            Expr::VectorSelector(vs) => self.selector(vs),
+            Expr::MatrixSelector(ms) => self.selector(&mut ms.vs),
+            Expr::Subquery(sq) => self.expr(&mut sq.expr),
+            Expr::Aggregate(a) => self.aggregate(a),
+            Expr::Binary(b) => self.binary(b),
+            Expr::Call(c) => self.call(c),
+            Expr::Extension(_) => {
+                self.note(Reason::Unsupported, "an extension expression".into());
+                Val::plain()
+            }
+        }
+    }
+
+    /// Wraps `e` so that it returns the old values: `(e) * den / num`.
+    fn restore(&mut self, e: &mut Expr, f: Factor, what: &str) {
+        if f.is_one() {
+            return;
+        }
+        let inner = std::mem::replace(e, Expr::from(0.0));
+        let inner = match inner {
+            Expr::Binary(_) | Expr::Unary(_) => Expr::Paren(ParenExpr {
+                expr: Box::new(inner),
+            }),
+            other => other,
+        };
+        let num = |v: u64| Expr::NumberLiteral(NumberLiteral { val: v as f64 });
+        let bin = |lhs: Expr, op, rhs: Expr| {
+            Expr::Binary(BinaryExpr {
+                op: TokenType::new(op),
+                lhs: Box::new(lhs),
+                rhs: Box::new(rhs),
+                modifier: None,
+            })
+        };
+        *e = if f.num == 1 {
+            bin(inner, token::T_MUL, num(f.den))
+        } else if f.den == 1 {
+            bin(inner, token::T_DIV, num(f.num))
+        } else {
+            bin(
+                bin(inner, token::T_MUL, num(f.den)),
+                token::T_DIV,
+                num(f.num),
+            )
+        };
+        self.changed = true;
+        self.note(
+            Reason::ValuesRestored,
+            format!("{what} restored to the old unit ({})", inverse(f)),
+        );
+    }
+
+    /// Scales a constant expression into the unit of the other side (`x > 500` in ms →
+    /// `x > 0.5` in s). False when it is not a plain literal.
+    fn scale_constant(&mut self, e: &mut Expr, f: Factor) -> bool {
+        if f.is_one() {
+            return true;
+        }
+        match e {
+            Expr::NumberLiteral(n) => {
+                let old = n.val;
+                n.val = f.apply(old);
+                self.changed = true;
+                self.note(
+                    Reason::ThresholdRescaled,
+                    format!("{old} → {} (values {f})", n.val),
+                );
+                true
+            }
+            Expr::Paren(p) => self.scale_constant(&mut p.expr, f),
+            Expr::Unary(u) => self.scale_constant(&mut u.expr, f),
+            _ => false,
+        }
+    }
+
+    fn plan(&self, name: &str) -> Option<Arc<Plan>> {
+        match self.rules.lookup(name) {
+            Some(Resolution::Plan(p)) => Some(p.clone()),
+            Some(Resolution::OutputName) => None,
+            None if self.rules.needs_pattern_lookup() => self.rules.plan_for(name).map(Arc::new),
+            None => None,
+        }
+    }
+
+    fn selector(&mut self, vs: &mut VectorSelector) -> Val {
+        let mut val = Val::plain();
+        if !vs.matchers.or_matchers.is_empty() {
+            self.note(
+                Reason::Unsupported,
+                "`or` inside a selector's braces: not rewritten".into(),
+            );
+            return val;
+        }
+        // The name: the selector's own, else an equality `__name__` matcher.
+        let name_matcher = vs
+            .matchers
+            .matchers
+            .iter()
+            .position(|m| m.name == "__name__");
+        let name = match (&vs.name, name_matcher) {
+            (Some(n), _) => n.clone(),
+            (None, Some(i)) => {
+                let m = &vs.matchers.matchers[i];
+                if !matches!(m.op, MatchOp::Equal) {
+                    self.name_regex(m);
+                    return val;
+                }
+                m.value.clone()
+            }
+            (None, None) => return val,
+        };
+        let Some(plan) = self.plan(&name) else {
+            return val;
+        };
+        let sel = Selected::from(vs);
+        let mut sim = Symbolic {
+            name: name.clone(),
+            matchers: vs
+                .matchers
+                .matchers
+                .iter()
+                .filter(|m| m.name != "__name__")
+                .cloned()
+                .collect(),
+            factor: Factor::ONE,
+            le: Factor::ONE,
+        };
+        for step in &plan.steps {
+            match sel.decides(&step.when) {
+                Decided::No => continue,
+                Decided::Yes => {}
+                Decided::Unknown => {
+                    if matches!(step.action, Action::OnlyIf | Action::SumOverRanks(_)) {
+                        continue;
+                    }
+                    let cond: Vec<String> = step
+                        .when
+                        .iter()
+                        .map(|(k, v)| format!("{k}=\"{v}\""))
+                        .collect();
+                    self.note(
+                        Reason::LabelDependent,
+                        format!(
+                            "{name}: a rule applies only to series with {}; add that matcher \
+                             (or its negation) to the selector: not rewritten",
+                            cond.join(", ")
+                        ),
+                    );
+                    return val;
+                }
+            }
+            if !self.step(&name, &step.action, &mut sim) {
+                return val;
+            }
+        }
+        // Apply what the simulation decided.
+        if sim.name != name {
+            self.changed = true;
+            self.old_ref(name.clone());
+            self.note(Reason::Renamed, format!("{name} → {}", sim.name));
+            match (&mut vs.name, name_matcher) {
+                (Some(n), _) => *n = sim.name.clone(),
+                (None, Some(i)) => vs.matchers.matchers[i].value = sim.name.clone(),
+                (None, None) => {}
+            }
+        }
+        let name_m = vs
+            .matchers
+            .matchers
+            .iter()
+            .filter(|m| m.name == "__name__")
+            .cloned();
+        let rebuilt: Vec<Matcher> = name_m.chain(sim.matchers.iter().cloned()).collect();
+        if rebuilt != vs.matchers.matchers {
+            vs.matchers.matchers = rebuilt;
+            self.changed = true;
+        }
+        val.factor = sim.factor;
+        if !sim.le.is_one() {
+            val.le = Some(sim.le);
+        }
+        for step in &plan.steps {
+            if let Action::RenameLabel { from, to } = &step.action
+                && !matches!(sel.decides(&step.when), Decided::No)
+            {
+                let r = (from.to_string(), to.to_string());
+                if !val.renames.contains(&r) {
+                    val.renames.push(r);
+                }
+            }
+        }
+        if plan.keep_original && sim.name != name {
+            self.note(
+                Reason::Renamed,
+                format!(
+                    "{name}: keep_original is on, so the old series still arrive during the \
+                     migration window"
+                ),
+            );
+        }
+        val
+    }
+
+    fn name_regex(&mut self, m: &Matcher) {
+        let re = match &m.op {
+            MatchOp::Re(re) | MatchOp::NotRe(re) => Some(re),
+            _ => None,
+        };
+        let touched: Vec<&str> = self
+            .rules
+            .known_names()
+            .filter(|n| {
+                let hit = re.is_some_and(|re| re.is_match(n));
+                let hit = if matches!(m.op, MatchOp::NotRe(_) | MatchOp::NotEqual) {
+                    true
+                } else {
+                    hit
+                };
+                hit && self.plan(n).is_some()
+            })
+            .take(3)
+            .collect();
+        if !touched.is_empty() {
+            self.note(
+                Reason::NameRegex,
+                format!(
+                    "{{__name__{}\"{}\"}} may select names the rules rename (e.g. {}): \
+                     not rewritten",
+                    m.op,
+                    m.value,
+                    touched.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// Applies one step to the symbolic selector; false when the selector cannot be
+    /// rewritten (the finding is recorded).
+    fn step(&mut self, name: &str, action: &Action, sim: &mut Symbolic) -> bool {
+        match action {
+            Action::OnlyIf | Action::SumOverRanks(_) => true,
+            Action::Drop(reason) => {
+                let why = self
+                    .rules
+                    .reasons()
+                    .get(*reason as usize)
+                    .cloned()
+                    .unwrap_or_default();
+                self.note(
+                    Reason::Dropped,
+                    format!("{name}: dropped by a rule ({why}): the query returns nothing"),
+                );
+                false
+            }
+            Action::SetName(n) => {
+                sim.name = n.to_string();
+                true
+            }
+            Action::RenameLabel { from, to } => {
+                for m in sim.matchers.iter_mut().filter(|m| *m.name == **from) {
+                    m.name = to.to_string();
+                    self.note(Reason::LabelRenamed, format!("label {from} → {to}"));
+                    self.old_ref(format!("label {from}"));
+                }
+                true
+            }
+            Action::MapLabelValue { label, from, to } => {
+                for m in sim.matchers.iter_mut().filter(|m| *m.name == **label) {
+                    match &m.op {
+                        MatchOp::Equal | MatchOp::NotEqual if *m.value == **from => {
+                            m.value = to.to_string();
+                            self.note(
+                                Reason::LabelValueMapped,
+                                format!("{label}=\"{from}\" → {label}=\"{to}\""),
+                            );
+                            self.old_ref(format!("{label}=\"{from}\""));
+                        }
+                        MatchOp::Re(re) | MatchOp::NotRe(re) if re.is_match(from) => {
+                            self.note(
+                                Reason::ValueRegex,
+                                format!(
+                                    "{name}: {label}{}\"{}\" matches {from:?}, which the rules \
+                                     map to {to:?}: check the expression",
+                                    m.op, m.value
+                                ),
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                true
+            }
+            Action::SplitByLabel { label, names } => {
+                let pinned = sim
+                    .matchers
+                    .iter()
+                    .position(|m| *m.name == **label && matches!(m.op, MatchOp::Equal));
+                match pinned {
+                    Some(i) => {
+                        if let Some((_, n)) =
+                            names.iter().find(|(v, _)| **v == sim.matchers[i].value)
+                        {
+                            self.note(
+                                Reason::SplitResolved,
+                                format!("{name}{{{label}=\"{}\"}} → {n}", sim.matchers[i].value),
+                            );
+                            sim.matchers.remove(i);
+                            sim.name = n.to_string();
+                        }
+                        true
+                    }
+                    None => {
+                        let to: Vec<&str> = names.iter().map(|(_, n)| &**n).collect();
+                        self.note(
+                            Reason::SplitUnresolved,
+                            format!(
+                                "{name} is split by {label} into {}: select one {label} value, \
+                                 or add the new families: not rewritten",
+                                to.join(", ")
+                            ),
+                        );
+                        false
+                    }
+                }
+            }
+            Action::SetLabel { name: l, value } => {
+                if let Some(m) = sim.matchers.iter().find(|m| *m.name == **l)
+                    && !(matches!(m.op, MatchOp::Equal) && *m.value == **value)
+                {
+                    self.note(
+                        Reason::LabelChanged,
+                        format!("{name}: a rule sets {l}=\"{value}\", which {m} tests"),
+                    );
+                }
+                true
+            }
+            Action::DropLabel(l) => {
+                if let Some(m) = sim.matchers.iter().find(|m| *m.name == **l) {
+                    self.note(
+                        Reason::LabelChanged,
+                        format!("{name}: a rule removes label {l}, which {m} tests"),
+                    );
+                }
+                true
+            }
+            Action::RankDedup { label, keep } => {
+                let pinned = sim
+                    .matchers
+                    .iter()
+                    .find(|m| *m.name == **label && matches!(m.op, MatchOp::Equal));
+                match pinned {
+                    Some(m) if *m.value == **keep => {}
+                    Some(m) => {
+                        let reason = self
+                            .rules
+                            .reasons()
+                            .get(REASON_RANK_DEDUP as usize)
+                            .cloned()
+                            .unwrap_or_default();
+                        self.note(
+                            Reason::Dropped,
+                            format!(
+                                "{name}{{{m}}}: only {label}=\"{keep}\" is kept ({reason}): the \
+                                 query returns nothing"
+                            ),
+                        );
+                    }
+                    None => self.note(
+                        Reason::RankDedup,
+                        format!(
+                            "{name}: only {label}=\"{keep}\" is kept (the value repeats on every \
+                             rank): a sum over {label} no longer multiplies it by the rank count"
+                        ),
+                    ),
+                }
+                true
+            }
+            Action::Scale { factor, target } => {
+                match target {
+                    ScaleTarget::Value => sim.factor = sim.factor.then(*factor),
+                    ScaleTarget::Le => {
+                        sim.le = sim.le.then(*factor);
+                        for m in sim.matchers.iter_mut().filter(|m| m.name == "le") {
+                            match m.op {
+                                MatchOp::Equal | MatchOp::NotEqual => {
+                                    let new = rescale_le(&m.value, *factor);
+                                    if new != m.value {
+                                        self.note(
+                                            Reason::LeRescaled,
+                                            format!("le=\"{}\" → le=\"{new}\"", m.value),
+                                        );
+                                        m.value = new;
+                                    }
+                                }
+                                _ => self.note(
+                                    Reason::ValueRegex,
+                                    format!(
+                                        "{name}: le{}\"{}\" on a histogram whose bounds are \
+                                         {factor}: rewrite the bounds by hand",
+                                        m.op, m.value
+                                    ),
+                                ),
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    fn aggregate(&mut self, a: &mut AggregateExpr) -> Val {
+        if let Some(p) = a.param.as_deref_mut() {
+            self.expr(p);
+        }
+        let mut v = self.expr(&mut a.expr);
+        if let Some(m) = &mut a.modifier {
+            let labels = match m {
+                LabelModifier::Include(l) | LabelModifier::Exclude(l) => l,
+            };
+            self.rename_labels(&mut labels.labels, &v.renames);
+        }
+        let op = a.op.id();
+        let keeps_le = a.modifier.as_ref().is_some_and(|m| match m {
+            LabelModifier::Include(l) => l.labels.iter().any(|l| l == "le"),
+            LabelModifier::Exclude(l) => !l.labels.iter().any(|l| l == "le"),
+        });
+        let le = if keeps_le { v.le } else { None };
+        if op == token::T_COUNT || op == token::T_GROUP {
+            return Val {
+                le: None,
+                ..v.with_factor(Factor::ONE)
+            };
+        }
+        if op == token::T_COUNT_VALUES {
+            // Values become label values: they must be the old ones.
+            let f = v.factor;
+            self.restore(&mut a.expr, f, "the input of count_values");
+            return v.with_factor(Factor::ONE);
+        }
+        if op == token::T_STDVAR {
+            let f = v.factor.then(v.factor);
+            return v.with_factor(f);
+        }
+        let f = v.factor;
+        let constant = v.constant;
+        v = v.with_factor(f);
+        v.le = le;
+        v.constant = constant;
+        v
+    }
+
+    fn rename_labels(&mut self, labels: &mut [String], renames: &[(String, String)]) {
+        for l in labels.iter_mut() {
+            if let Some((from, to)) = renames.iter().find(|(f, _)| f == l) {
+                self.note(Reason::LabelRenamed, format!("label {from} → {to}"));
+                self.old_ref(format!("label {from}"));
+                if !self.renames.iter().any(|(f, _)| f == from) {
+                    self.renames.push((from.clone(), to.clone()));
+                }
+                *l = to.clone();
+                self.changed = true;
+            }
+        }
+    }
+
+    fn binary(&mut self, b: &mut BinaryExpr) -> Val {
+        let lv = self.expr(&mut b.lhs);
+        let rv = self.expr(&mut b.rhs);
+        let mut renames = lv.renames.clone();
+        for r in &rv.renames {
+            if !renames.contains(r) {
+                renames.push(r.clone());
+            }
+        }
+        if let Some(m) = &mut b.modifier {
+            if let Some(LabelModifier::Include(l) | LabelModifier::Exclude(l)) = &mut m.matching {
+                self.rename_labels(&mut l.labels, &renames);
+            }
+            if let VectorMatchCardinality::ManyToOne(l) | VectorMatchCardinality::OneToMany(l) =
+                &mut m.card
+            {
+                self.rename_labels(&mut l.labels, &renames);
+            }
+        }
+        let op = b.op.id();
+        let with = |f: Factor, constant: bool| Val {
+            factor: f,
+            le: None,
+            constant,
+            renames: renames.clone(),
+        };
+        if op == token::T_LAND || op == token::T_LUNLESS {
+            let mut v = lv.clone();
+            v.renames = renames.clone();
+            return v;
+        }
+        if lv.constant && rv.constant {
+            return with(Factor::ONE, true);
+        }
+        if op == token::T_MUL {
+            return with(lv.factor.then(rv.factor), false);
+        }
+        if op == token::T_DIV {
+            return with(lv.factor.then(inverse(rv.factor)), false);
+        }
+        if op == token::T_POW {
+            let (lf, rf) = (lv.factor, rv.factor);
+            self.restore(&mut b.lhs, lf, "the base of ^");
+            self.restore(&mut b.rhs, rf, "the exponent of ^");
+            return with(Factor::ONE, false);
+        }
+        let comparison = b.op.is_comparison_operator();
+        let returns_bool = b.modifier.as_ref().is_some_and(|m| m.return_bool);
+        // `+ - % atan2 or` and comparisons need both sides in one unit.
+        let f = if lv.constant || rv.constant {
+            let (vf, vec_side_is_lhs) = if lv.constant {
+                (rv.factor, false)
+            } else {
+                (lv.factor, true)
+            };
+            if vf.is_one() {
+                vf
+            } else if self.keep_values {
+                let side = if vec_side_is_lhs {
+                    &mut b.lhs
+                } else {
+                    &mut b.rhs
+                };
+                self.restore(side, vf, "the expression compared or added to a number");
+                Factor::ONE
+            } else {
+                let c = if vec_side_is_lhs {
+                    &mut b.rhs
+                } else {
+                    &mut b.lhs
+                };
+                if self.scale_constant(c, vf) {
+                    vf
+                } else {
+                    let side = if vec_side_is_lhs {
+                        &mut b.lhs
+                    } else {
+                        &mut b.rhs
+                    };
+                    self.restore(side, vf, "the expression compared or added to a number");
+                    Factor::ONE
+                }
+            }
+        } else if lv.factor == rv.factor {
+            lv.factor
+        } else {
+            let (lf, rf) = (lv.factor, rv.factor);
+            self.restore(&mut b.lhs, lf, "the left side");
+            self.restore(&mut b.rhs, rf, "the right side");
+            Factor::ONE
+        };
+        if comparison && returns_bool {
+            return with(Factor::ONE, false);
+        }
+        if comparison && !lv.constant {
+            // A filter: the left side's values, now in unit `f`.
+            let mut v = with(f, false);
+            v.le = lv.le;
+            return v;
+        }
+        with(f, false)
+    }
+
+    fn call(&mut self, c: &mut Call) -> Val {
+        let name = c.func.name;
+        let mut vals: Vec<Val> = c.args.args.iter_mut().map(|a| self.expr(a)).collect();
+        let mut renames = Vec::new();
+        for v in &vals {
+            for r in &v.renames {
+                if !renames.contains(r) {
+                    renames.push(r.clone());
+                }
+            }
+        }
+        if matches!(name, "label_replace" | "label_join") {
+            self.rename_string_args(c, &renames);
+        }
+        let first_vector = vals
+            .iter()
+            .position(|v| !v.constant)
+            .filter(|&i| !matches!(*c.args.args[i], Expr::StringLiteral(_)));
+        let mut out = |f: Factor, le: Option<Factor>| Val {
+            factor: f,
+            le,
+            constant: false,
+            renames: std::mem::take(&mut renames),
+        };
+        if name == "histogram_quantile" {
+            let le = vals.get(1).and_then(|v| v.le);
+            if let Some(v) = vals.get(1)
+                && !v.factor.is_one()
+            {
+                // Bucket counts never carry a factor; keep it honest anyway.
+                self.note(
+                    Reason::Unsupported,
+                    "histogram_quantile over values that carry a factor".into(),
+                );
+            }
+            return out(le.unwrap_or(Factor::ONE), None);
+        }
+        if name == "histogram_fraction" {
+            if let Some(le) = vals.get(2).and_then(|v| v.le) {
+                for i in 0..2 {
+                    if let Some(arg) = c.args.args.get_mut(i)
+                        && !self.scale_constant(arg, le)
+                    {
+                        self.note(
+                            Reason::Unsupported,
+                            "histogram_fraction with computed bounds over a rescaled histogram"
+                                .into(),
+                        );
+                    }
+                }
+            }
+            return out(Factor::ONE, None);
+        }
+        if NATIVE.contains(&name) {
+            if vals.iter().any(|v| !v.factor.is_one()) {
+                self.note(
+                    Reason::Unsupported,
+                    format!("{name}: native histograms of a rescaled family"),
+                );
+            }
+            return out(Factor::ONE, None);
+        }
+        if UNITLESS.contains(&name) {
+            return out(Factor::ONE, None);
+        }
+        if LINEAR.contains(&name) {
+            // The value argument: the first that is not a number or string parameter.
+            let (f, le) = first_vector
+                .and_then(|i| vals.get(i))
+                .map(|v| (v.factor, v.le))
+                .unwrap_or((Factor::ONE, None));
+            let keeps_le = !matches!(name, "scalar" | "vector");
+            return out(f, if keeps_le { le } else { None });
+        }
+        if name == "stdvar_over_time" {
+            let f = vals.first().map(|v| v.factor).unwrap_or(Factor::ONE);
+            return out(f.then(f), None);
+        }
+        // Anything else (clamp*, ln, exp, sqrt, round, …): its vector arguments restored
+        // to the old unit first, the result unchanged; impossible inside a range.
+        for (i, v) in vals.iter_mut().enumerate() {
+            if v.factor.is_one() || v.constant {
+                continue;
+            }
+            let Some(arg) = c.args.args.get_mut(i) else {
+                continue;
+            };
+            if matches!(**arg, Expr::MatrixSelector(_)) {
+                self.note(
+                    Reason::Unsupported,
+                    format!(
+                        "{name} over a range of a series whose values are now {}: a factor \
+                         cannot be placed inside a range; rewrite by hand",
+                        v.factor
+                    ),
+                );
+                continue;
+            }
+            let f = v.factor;
+            self.restore(arg, f, &format!("the argument of {name}"));
+        }
+        out(Factor::ONE, None)
+    }
+
+    /// `label_replace(v, dst, repl, src, re)`, `label_join(v, dst, sep, src…)`: the label
+    /// names follow the renames of `v`.
+    fn rename_string_args(&mut self, c: &mut Call, renames: &[(String, String)]) {
+        let name = c.func.name;
+        for (i, arg) in c.args.args.iter_mut().enumerate() {
+            let is_label = match name {
+                "label_replace" => i == 1 || i == 3,
+                _ => i == 1 || i >= 3,
+            };
+            if !is_label {
+                continue;
+            }
+            if let Expr::StringLiteral(s) = &mut **arg
+                && let Some((from, to)) = renames.iter().find(|(f, _)| *f == s.val)
+            {
+                self.note(Reason::LabelRenamed, format!("label {from} → {to}"));
+                self.old_ref(format!("label {from}"));
+                if !self.renames.iter().any(|(f, _)| f == from) {
+                    self.renames.push((from.clone(), to.clone()));
+                }
+                s.val = to.clone();
+                self.changed = true;
+            }
+        }
+    }
+}
+
+/// The selector as the rules see it while its plan runs.
+struct Symbolic {
+    name: String,
+    matchers: Vec<Matcher>,
+    factor: Factor,
+    le: Factor,
+}
+
+/// Whether a rule's `when` holds for every series a selector selects.
+enum Decided {
+    Yes,
+    No,
+    Unknown,
+}
+
+/// The selector's original matchers, for deciding `when` conditions.
+struct Selected {
+    matchers: Vec<Matcher>,
+}
+
+impl Selected {
+    fn from(vs: &VectorSelector) -> Selected {
+        Selected {
+            matchers: vs.matchers.matchers.clone(),
+        }
+    }
+
+    fn decides(&self, when: &[(Box<str>, Box<str>)]) -> Decided {
+        let mut all = true;
+        for (k, v) in when {
+            let on: Vec<&Matcher> = self.matchers.iter().filter(|m| *m.name == **k).collect();
+            let mut yes = false;
+            for m in &on {
+                match &m.op {
+                    MatchOp::Equal if *m.value == **v => yes = true,
+                    MatchOp::Equal => return Decided::No,
+                    MatchOp::NotEqual if *m.value == **v => return Decided::No,
+                    MatchOp::Re(re) if !re.is_match(v) => return Decided::No,
+                    MatchOp::NotRe(re) if re.is_match(v) => return Decided::No,
+                    _ => {}
+                }
+            }
+            if !yes {
+                all = false;
+            }
+        }
+        if all { Decided::Yes } else { Decided::Unknown }
+    }
+}
+
+/// A duration that no query writes by hand, for Grafana's interval variables.
+pub(super) fn placeholder_duration(i: usize) -> Duration {
+    Duration::from_millis(9_876_543_210 + i as u64 * 1_001)
+}
+
+impl QueryRewriter<'_> {
+    /// The name a query of `name` is rewritten to, when the rules rename it whatever its
+    /// labels.
+    pub fn renamed_to(&self, name: &str) -> Option<String> {
+        let r = QueryRewriter::new(self.rules, false).rewrite(name);
+        (r.changed && !r.needs_human())
+            .then(|| {
+                promql_parser::parser::parse(&r.query)
+                    .ok()
+                    .and_then(|e| match e {
+                        Expr::VectorSelector(vs) => vs.name,
+                        _ => None,
+                    })
+            })
+            .flatten()
+            .filter(|n| n != name)
+    }
+}
