@@ -330,6 +330,7 @@ fn unchanged(q: &str) -> Rewritten {
         changed: false,
         findings: Vec::new(),
         value_factor: None,
+        le_factor: None,
         label_renames: Vec::new(),
         old_references: Vec::new(),
     }

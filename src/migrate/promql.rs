@@ -44,6 +44,8 @@ pub enum Reason {
     ThresholdRescaled,
     /// Without `--keep-values`: the result's values are in a new unit.
     UnitChanged,
+    /// The result keeps `le` (a heatmap): its bucket bounds read in the new unit.
+    LeBounds,
     /// The family is deduplicated over tensor-parallel ranks: sums over ranks change.
     RankDedup,
     /// The family is split by a label the selector does not pin to one value.
@@ -79,6 +81,7 @@ impl Reason {
             Reason::ValuesRestored => "values_restored",
             Reason::ThresholdRescaled => "threshold_rescaled",
             Reason::UnitChanged => "unit_changed",
+            Reason::LeBounds => "le_bounds",
             Reason::RankDedup => "rank_dedup",
             Reason::SplitUnresolved => "split_unresolved",
             Reason::Dropped => "dropped",
@@ -104,6 +107,7 @@ impl Reason {
                 | Reason::ValuesRestored
                 | Reason::ThresholdRescaled
                 | Reason::UnitChanged
+                | Reason::LeBounds
         )
     }
 }
@@ -124,6 +128,9 @@ pub struct Rewritten {
     /// Without `--keep-values`: the factor the result's values now carry (`new = old ×
     /// f`); `None` when they are unchanged.
     pub value_factor: Option<Factor>,
+    /// The result keeps `le` of a rescaled histogram, whose bounds are this factor of
+    /// the old ones (a heatmap's buckets).
+    pub le_factor: Option<Factor>,
     /// Labels renamed in the query (old → new), for legend templates.
     pub label_renames: Vec<(String, String)>,
     /// Old metric names and labels the query referenced (what `--check` lists).
@@ -267,6 +274,7 @@ impl<'r> QueryRewriter<'r> {
             changed: false,
             findings,
             value_factor: None,
+            le_factor: None,
             label_renames: Vec::new(),
             old_references: Vec::new(),
         };
@@ -301,8 +309,20 @@ impl<'r> QueryRewriter<'r> {
                 );
             }
         }
+        let le_factor = val.le.filter(|f| !f.is_one());
+        if let Some(f) = le_factor {
+            walk.note(
+                Reason::LeBounds,
+                format!(
+                    "the result keeps le, whose bounds are now {f} the old ones (le=\"100\" \
+                     reads le=\"{}\")",
+                    rescale_le("100", f)
+                ),
+            );
+        }
         if !walk.changed {
             return Rewritten {
+                le_factor,
                 old_references: walk.old,
                 ..unchanged(walk.findings)
             };
@@ -313,6 +333,7 @@ impl<'r> QueryRewriter<'r> {
             changed: true,
             findings: walk.findings,
             value_factor,
+            le_factor,
             label_renames: walk.renames,
             old_references: walk.old,
         }

@@ -239,6 +239,35 @@ impl Rules {
         self.names.keys().map(|k| &**k)
     }
 
+    /// Every label rename of every rule (old → new), deduplicated: what a series' label
+    /// names may become (for comparing query results across a migration).
+    pub fn label_renames(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for r in &self.rules {
+            for (from, to) in &r.rename_labels {
+                let pair = (from.to_string(), to.to_string());
+                if !out.contains(&pair) {
+                    out.push(pair);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every label-value map of every rule: (label, old value, new value).
+    pub fn label_value_maps(&self) -> Vec<(String, String, String)> {
+        let mut out: Vec<(String, String, String)> = Vec::new();
+        for r in &self.rules {
+            for (l, from, to) in &r.label_values {
+                let t = (l.to_string(), from.to_string(), to.to_string());
+                if !out.contains(&t) {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
     /// The physical families summed over ranks, in words, per pack that sums: which
     /// names are physical and the rank label (for `promnorm rules`).
     pub fn sum_over_ranks_patterns(&self) -> Vec<String> {
