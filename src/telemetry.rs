@@ -219,6 +219,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Native histograms forwarded unchanged under a rescale rule.",
     ),
     (
+        RENAME_LAST_SEEN,
+        Kind::Gauge,
+        "Unix time an input series of the old name `from` was last renamed by a rule of `pack` (rendered at scrape time).",
+    ),
+    (
+        RENAME_SAMPLES,
+        Kind::Counter,
+        "Samples (and native histograms) of the old name `from` renamed by a rule of `pack` since start (rendered at scrape time).",
+    ),
+    (
         DERIVED_SAMPLES,
         Kind::Counter,
         "Derived samples emitted, by derived series.",
@@ -352,6 +362,8 @@ pub const SERIES_RENAMED: &str = "promnorm_series_renamed_total";
 pub const SERIES_RESCALED: &str = "promnorm_series_rescaled_total";
 pub const SERIES_COLLISIONS: &str = "promnorm_series_collisions_total";
 pub const NATIVE_UNSCALED: &str = "promnorm_native_histograms_unscaled_total";
+pub const RENAME_LAST_SEEN: &str = "promnorm_rename_input_last_seen_timestamp_seconds";
+pub const RENAME_SAMPLES: &str = "promnorm_rename_input_samples_total";
 pub const DERIVED_SAMPLES: &str = "promnorm_derived_samples_total";
 pub const DERIVED_EVICTIONS: &str = "promnorm_derived_evictions_total";
 pub const DERIVED_INCOMPLETE: &str = "promnorm_derived_incomplete_points_total";
@@ -636,6 +648,77 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
     if stats.native_unscaled > 0 {
         metrics::counter!(NATIVE_UNSCALED).increment(stats.native_unscaled);
     }
+    if !stats.renames.is_empty() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        rules.renames().record(&stats.renames, now_ms);
+    }
+}
+
+/// The cut-over tracking metrics, rendered from the rules' tracker at scrape time (one
+/// series per old name seen since start; docs/migrations.md).
+pub fn rename_metrics_text(rules: &Rules) -> String {
+    use std::fmt::Write;
+    let seen: Vec<_> = rules
+        .renames()
+        .snapshot()
+        .into_iter()
+        .filter(|s| s.samples > 0)
+        .collect();
+    let mut out = String::new();
+    let pack = |i: u16| {
+        rules
+            .packs()
+            .get(i as usize)
+            .map(|p| p.name.as_str())
+            .unwrap_or("other")
+    };
+    let esc = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    if seen.is_empty() {
+        return out;
+    }
+    let help = |name: &str| {
+        METRICS
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, _, h)| *h)
+            .unwrap_or("")
+    };
+    let _ = writeln!(
+        out,
+        "# HELP {RENAME_LAST_SEEN} {}\n# TYPE {RENAME_LAST_SEEN} gauge",
+        help(RENAME_LAST_SEEN)
+    );
+    for s in &seen {
+        let _ = writeln!(
+            out,
+            "{RENAME_LAST_SEEN}{{pack=\"{}\",from=\"{}\"}} {}",
+            esc(pack(s.pack)),
+            esc(&s.from),
+            s.last_seen.unwrap_or(0.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {RENAME_SAMPLES} {}\n# TYPE {RENAME_SAMPLES} counter",
+        help(RENAME_SAMPLES)
+    );
+    for s in &seen {
+        let _ = writeln!(
+            out,
+            "{RENAME_SAMPLES}{{pack=\"{}\",from=\"{}\"}} {}",
+            esc(pack(s.pack)),
+            esc(&s.from),
+            s.samples
+        );
+    }
+    out
 }
 
 /// Logs to stderr: `level` (a `RUST_LOG`-style filter, e.g. `debug` or

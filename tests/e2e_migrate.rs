@@ -474,9 +474,53 @@ async fn rewritten_queries_return_the_old_values_on_a_prometheus_fed_through_pro
         "too few queries compared: {compared}"
     );
 
+    cut_over_tracking(&proxy.base, SCRAPES as u64 * 2).await;
     rule_file_passes_promtool(&prom, &dir_p);
     check_mode_exit_codes(&dir_p);
     drop(proxy);
+}
+
+/// promnorm's own account of the old names it renamed: every scrape carried
+/// `DCGM_FI_DEV_FB_USED` on two instances.
+async fn cut_over_tracking(proxy: &str, samples: u64) {
+    let metrics = get(&format!("{proxy}/metrics")).await.body;
+    let line = format!(
+        "promnorm_rename_input_samples_total{{pack=\"dcgm\",from=\"DCGM_FI_DEV_FB_USED\"}} {samples}"
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    assert!(
+        metrics.contains(
+            "promnorm_rename_input_last_seen_timestamp_seconds{pack=\"vllm\",from=\"vllm:gpu_cache_usage_perc\"}"
+        ),
+        "{metrics}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&get(&format!("{proxy}/api/v1/renames")).await.body).unwrap();
+    let entry = doc["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["from"] == "DCGM_FI_DEV_FB_USED")
+        .cloned()
+        .expect("DCGM_FI_DEV_FB_USED tracked");
+    assert_eq!(entry["to"], "DCGM_FI_DEV_FB_USED_bytes");
+    assert_eq!(entry["pack"], "dcgm");
+    assert_eq!(entry["samples"], samples);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let last = entry["last_seen"].as_f64().expect("seen");
+    assert!((now - last).abs() < 120.0, "last seen {last}, now {now}");
+    // An old name that never arrived is listed, never seen.
+    assert!(
+        doc["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["samples"].as_u64() > Some(0) || e["last_seen"].is_null()),
+        "{doc}"
+    );
 }
 
 const RULES: &str = r#"groups:

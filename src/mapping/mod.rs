@@ -6,6 +6,7 @@ pub mod cache;
 pub mod compile;
 pub mod meta;
 pub mod number;
+pub mod renames;
 pub mod spec;
 
 pub use apply::{

@@ -190,6 +190,7 @@ pub fn router(state: Arc<AppState>, write_paths: &[String]) -> Router {
 pub fn router_live(live: Arc<Live>, write_paths: &[String]) -> Router {
     let mut r = Router::new()
         .route("/metrics", get(metrics))
+        .route("/api/v1/renames", get(renames))
         .route("/-/healthy", get(|| async { "promnorm is healthy.\n" }))
         .route("/-/ready", get(ready))
         .route("/-/reload", post(live::reload).put(live::reload));
@@ -207,7 +208,40 @@ async fn metrics(State(live): State<Arc<Live>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render() + &telemetry::process_metrics_text(),
+        st.metrics.render()
+            + &telemetry::process_metrics_text()
+            + &telemetry::rename_metrics_text(st.pipeline.rules()),
+    )
+}
+
+/// The cut-over tracking as JSON (docs/migrations.md): every old name a rule renames,
+/// with its samples and when it last arrived (`null`: not since start).
+async fn renames(State(live): State<Arc<Live>>) -> impl IntoResponse {
+    let st = live.current();
+    let rules = st.pipeline.rules();
+    let data: Vec<serde_json::Value> = rules
+        .renames()
+        .snapshot()
+        .into_iter()
+        .map(|r| {
+            let pack = rules
+                .packs()
+                .get(r.pack as usize)
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| "other".into());
+            serde_json::json!({
+                "pack": pack,
+                "from": r.from,
+                "to": r.to,
+                "rule": r.rule,
+                "samples": r.samples,
+                "last_seen": r.last_seen,
+            })
+        })
+        .collect();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({"status": "success", "data": data}).to_string(),
     )
 }
 

@@ -72,6 +72,7 @@ impl Mapper {
             return Resolved::Plan(p.clone());
         }
         let plan = Arc::new(Plan {
+            rename_slot: None,
             steps: vec![Step {
                 when: Vec::new(),
                 action: Action::SetName(format!("{name}_total").into()),

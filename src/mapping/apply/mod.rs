@@ -183,6 +183,7 @@ impl Mapper {
         }
         let mut scale: Option<(super::number::Factor, ScaleTarget)> = None;
         let mut renamed_by: Option<u16> = None;
+        let mut name_changed = false;
         let mut rank_label: Option<Str> = None;
         if let Some(plan) = plan {
             for step in &plan.steps {
@@ -204,6 +205,7 @@ impl Mapper {
                             self.work[i].value = v;
                         }
                         renamed_by = Some(step.pack);
+                        name_changed = true;
                     }
                     Action::RenameLabel { from, to } => {
                         if let Some(i) = self.find(buf, from.as_bytes()) {
@@ -232,6 +234,7 @@ impl Mapper {
                                     self.work[j].value = nv;
                                 }
                                 renamed_by = Some(step.pack);
+                                name_changed = true;
                             }
                         }
                     }
@@ -278,6 +281,10 @@ impl Mapper {
                     }
                 }
             }
+        }
+        if name_changed && let Some(slot) = plan.and_then(|p| p.rename_slot) {
+            self.stats
+                .note_rename(slot, (s.samples.len() + s.histograms.len()) as u64);
         }
         if renamed_by == Some(METADATA_FIX_PACK) {
             self.stats.metadata_total_fixes += 1;

@@ -16,6 +16,9 @@ pub struct MapStats {
     pub samples_out: u64,
     pub histograms_out: u64,
     pub metadata_out: u64,
+    /// Samples of renamed old names, per cut-over tracking slot, one entry per run of
+    /// series of one slot ([`crate::mapping::renames`]).
+    pub renames: Vec<(u32, u64)>,
 }
 
 impl MapStats {
@@ -33,6 +36,14 @@ impl MapStats {
         self.samples_out = 0;
         self.histograms_out = 0;
         self.metadata_out = 0;
+        self.renames.clear();
+    }
+
+    pub(super) fn note_rename(&mut self, slot: u32, samples: u64) {
+        match self.renames.last_mut() {
+            Some((last, n)) if *last == slot => *n += samples,
+            _ => self.renames.push((slot, samples)),
+        }
     }
 
     pub fn dropped_total(&self) -> u64 {

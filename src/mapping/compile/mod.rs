@@ -112,6 +112,7 @@ pub struct Rules {
     has_pattern_rules: bool,
     drop_created: bool,
     created_reason: u16,
+    renames: super::renames::RenameTracker,
 }
 
 impl Rules {
@@ -198,6 +199,7 @@ impl Rules {
             has_pattern_rules,
             drop_created: global.drop_created_series,
             created_reason,
+            renames: Default::default(),
         };
         compiled.precompute()?;
         Ok(compiled)
@@ -214,6 +216,11 @@ impl Rules {
     #[inline]
     pub fn needs_pattern_lookup(&self) -> bool {
         self.has_pattern_rules || self.drop_created
+    }
+
+    /// Cut-over tracking: the old names the rules rename, with samples and last seen.
+    pub fn renames(&self) -> &super::renames::RenameTracker {
+        &self.renames
     }
 
     pub fn reasons(&self) -> &[String] {

@@ -55,10 +55,10 @@ impl Rules {
             self.add_dedup(&cur, &mut plan);
         }
         if plan.steps.is_empty() && plan.copies.is_empty() {
-            None
-        } else {
-            Some(plan)
+            return None;
         }
+        self.track_rename(name, &mut plan);
+        Some(plan)
     }
 
     /// Appends the steps of rule `r` (already known to cover the series, of `kind`, new
@@ -304,5 +304,31 @@ impl Rules {
                 None
             }
         }
+    }
+
+    /// Gives a plan that renames the series its cut-over tracking slot.
+    fn track_rename(&self, name: &str, plan: &mut Plan) {
+        let mut pack = None;
+        let mut to: Vec<&str> = Vec::new();
+        for s in &plan.steps {
+            match &s.action {
+                Action::SetName(n) => {
+                    pack = Some(s.pack);
+                    to.retain(|_| !s.when.is_empty());
+                    to.push(n);
+                }
+                Action::SplitByLabel { names, .. } => {
+                    pack = Some(s.pack);
+                    to.extend(names.iter().map(|(_, n)| &**n));
+                }
+                _ => {}
+            }
+        }
+        let Some(pack) = pack.filter(|p| (*p as usize) < self.packs.len()) else {
+            return;
+        };
+        to.dedup();
+        let rule = plan.trace.join("; ");
+        plan.rename_slot = Some(self.renames.slot(pack, name, &to.join("|"), &rule));
     }
 }

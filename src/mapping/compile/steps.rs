@@ -98,6 +98,9 @@ pub struct Plan {
     pub trace: Vec<String>,
     /// Copies emitted beside the series (`copy: true` rules).
     pub copies: Vec<CopyPlan>,
+    /// The cut-over tracking slot of a plan that renames the series
+    /// ([`crate::mapping::renames`]).
+    pub rename_slot: Option<u32>,
 }
 
 /// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
