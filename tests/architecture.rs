@@ -98,6 +98,20 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         &["config", "app", "reload", "normalize", "explain"],
     ),
     (
+        "migrate",
+        &[
+            "wire",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "telemetry",
+            "normalize",
+        ],
+    ),
+    (
         "telemetry",
         &[
             "config", "derive", "forward", "pipeline", "server", "app", "reload",

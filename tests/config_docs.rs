@@ -289,10 +289,17 @@ fn every_command_in_the_readme_runs_with_the_flags_it_documents() {
         let syntax = syntax.split('`').next().unwrap();
         let mut words = syntax.split_whitespace();
         assert_eq!(words.next(), Some("promnorm"), "{line}");
-        let sub = words.next().expect("a subcommand");
+        // `promnorm migrate query …`: nested subcommands are the leading plain words.
+        let mut path: Vec<&str> = vec![words.next().expect("a subcommand")];
+        path.extend(
+            words
+                .clone()
+                .take_while(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-')),
+        );
+        let sub = path.join(" ");
         commands += 1;
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_promnorm"))
-            .args([sub, "--help"])
+            .args(path.iter().copied().chain(["--help"]))
             .output()
             .expect("runs");
         let help = String::from_utf8_lossy(&out.stdout);

@@ -464,6 +464,14 @@ async fn dashboard_and_alert_metrics_are_in_a_live_scrape() {
                     ],
                     &[(queries, t)],
                 ),
+                // An old name (renamed in vLLM 0.10): the cut-over tracking series exist.
+                series(
+                    &[
+                        ("__name__", "vllm:gpu_cache_usage_perc"),
+                        ("model_name", "m"),
+                    ],
+                    &[(0.5, t)],
+                ),
             ],
             ..Default::default()
         };

@@ -992,7 +992,18 @@ impl Walk<'_> {
             return out(Factor::ONE, None);
         }
         if NATIVE.contains(&name) {
-            if vals.iter().any(|v| !v.factor.is_one()) {
+            // A native histogram series is named as its family: rescaled when its
+            // classic buckets are.
+            let rescaled_family = c.args.args.iter().any(|a| {
+                selector_names(a).iter().any(|n| {
+                    self.plan(&format!("{n}_bucket")).is_some_and(|p| {
+                        p.steps
+                            .iter()
+                            .any(|s| matches!(s.action, Action::Scale { .. }))
+                    })
+                })
+            });
+            if rescaled_family || vals.iter().any(|v| !v.factor.is_one()) {
                 self.note(
                     Reason::Unsupported,
                     format!("{name}: native histograms of a rescaled family"),
@@ -1069,6 +1080,25 @@ impl Walk<'_> {
     }
 }
 
+/// The metric names of the selectors in `e`.
+fn selector_names(e: &Expr) -> Vec<String> {
+    match e {
+        Expr::VectorSelector(vs) => vs.name.iter().cloned().collect(),
+        Expr::MatrixSelector(ms) => ms.vs.name.iter().cloned().collect(),
+        Expr::Paren(p) => selector_names(&p.expr),
+        Expr::Subquery(s) => selector_names(&s.expr),
+        Expr::Aggregate(a) => selector_names(&a.expr),
+        Expr::Call(c) => c.args.args.iter().flat_map(|a| selector_names(a)).collect(),
+        Expr::Binary(b) => {
+            let mut v = selector_names(&b.lhs);
+            v.extend(selector_names(&b.rhs));
+            v
+        }
+        Expr::Unary(u) => selector_names(&u.expr),
+        _ => Vec::new(),
+    }
+}
+
 /// The selector as the rules see it while its plan runs.
 struct Symbolic {
     name: String,
@@ -1140,5 +1170,229 @@ impl QueryRewriter<'_> {
             })
             .flatten()
             .filter(|n| n != name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::{GlobalOptions, PackOptions, PackSpec};
+
+    const PACK: &str = r#"
+pack: t
+rules:
+  - match: {family: lat_ms}
+    type: histogram
+    rename: lat_seconds
+    scale: 1/1000
+    unit: seconds
+  - match: {family: mem_mib}
+    type: gauge
+    rename: mem_bytes
+    scale: "1048576"
+  - match: {family: util_percent}
+    type: gauge
+    rename: util_ratio
+    scale: 1/100
+  - match: {family: gone}
+    type: gauge
+    drop: unwanted
+  - match: {family: cond, labels: {kind: a}}
+    type: gauge
+    rename: cond_a
+  - match: {family: xfer_total}
+    type: counter
+    split_by_label: {label: dir, names: {in: xfer_in, out: xfer_out}}
+  - match: {family: staged}
+    type: gauge
+    label_values: {stage: {old: new}}
+  - match: {family: tagged}
+    type: gauge
+    set_labels: {env: prod}
+  - match: {prefix: "dev_"}
+    rename_labels: {Host: host}
+  - match: {family: dev_old}
+    type: gauge
+    rename: dev_new
+rank_dedup:
+  label: tp_rank
+  keep: "0"
+  prefixes: ["rk_"]
+"#;
+
+    fn rules() -> Rules {
+        let spec: PackSpec = crate::config::yaml::from_str(PACK).expect("test pack parses");
+        Rules::compile(
+            &[(
+                spec,
+                PackOptions {
+                    name: "t".into(),
+                    keep_original: false,
+                    sum_over_ranks: None,
+                },
+            )],
+            &GlobalOptions {
+                drop_created_series: false,
+            },
+        )
+        .expect("test pack compiles")
+    }
+
+    fn rw(q: &str, keep: bool) -> Rewritten {
+        let rules = rules();
+        QueryRewriter::new(&rules, keep).rewrite(q)
+    }
+
+    fn reasons(r: &Rewritten) -> Vec<Reason> {
+        r.findings.iter().map(|f| f.reason).collect()
+    }
+
+    #[test]
+    fn names_le_and_thresholds() {
+        let q = r#"histogram_quantile(0.9, sum by (le) (rate(lat_ms_bucket{le="100"}[5m]))) > 500"#;
+        let keep = rw(q, true);
+        assert_eq!(
+            keep.query,
+            r#"histogram_quantile(0.9, sum by (le) (rate(lat_seconds_bucket{le="0.1"}[5m]))) * 1000 > 500"#
+        );
+        let r = reasons(&keep);
+        for want in [Reason::Renamed, Reason::LeRescaled, Reason::ValuesRestored] {
+            assert!(r.contains(&want), "{want:?} in {r:?}");
+        }
+        assert!(!keep.needs_human());
+        assert_eq!(keep.old_references, vec!["lat_ms_bucket".to_string()]);
+        let new = rw(q, false);
+        assert!(new.query.ends_with("> 0.5"), "{}", new.query);
+        assert!(reasons(&new).contains(&Reason::ThresholdRescaled));
+        assert_eq!(new.value_factor.map(|f| (f.num, f.den)), Some((1, 1000)));
+    }
+
+    #[test]
+    fn factors_combine_through_the_expression() {
+        // A ratio of two series rescaled alike needs no factor.
+        let r = rw("rate(lat_ms_sum[5m]) / rate(lat_ms_count[5m])", true);
+        assert_eq!(
+            r.query,
+            "(rate(lat_seconds_sum[5m]) / rate(lat_seconds_count[5m])) * 1000"
+        );
+        let r = rw("mem_mib / (mem_mib + mem_mib)", true);
+        assert_eq!(r.query, "mem_bytes / (mem_bytes + mem_bytes)");
+        // Unequal factors in a sum: each side restored.
+        let r = rw("mem_mib + util_percent", false);
+        assert_eq!(r.query, "mem_bytes / 1048576 + util_ratio * 100");
+        assert_eq!(r.value_factor, None);
+        // Non-linear functions see old values; never a factor inside a range.
+        let r = rw("sqrt(mem_mib)", false);
+        assert_eq!(r.query, "sqrt(mem_bytes / 1048576)");
+        let r = rw("stdvar_over_time(mem_mib[5m])", false);
+        assert_eq!(r.value_factor.map(|f| f.num), Some(1 << 40));
+        let r = rw("ln(max_over_time(mem_mib[5m]))", true);
+        assert_eq!(r.query, "ln(max_over_time(mem_bytes[5m]) / 1048576)");
+        let r = rw("resets(mem_mib[5m])", true);
+        assert_eq!(r.query, "resets(mem_bytes[5m])");
+        let r = rw("count_values(\"v\", mem_mib)", true);
+        assert_eq!(r.query, "count_values(\"v\", mem_bytes / 1048576)");
+        let r = rw("mem_mib > bool 45", false);
+        assert_eq!(r.query, "mem_bytes > bool 47185920");
+        assert_eq!(r.value_factor, None, "bool comparisons return 0 or 1");
+    }
+
+    #[test]
+    fn labels_follow_their_renames() {
+        let r = rw(
+            r#"sum by (Host) (dev_old{Host="h"}) * on (Host) group_left () label_replace(dev_x, "Host", "$1", "Host", "(.*)")"#,
+            true,
+        );
+        assert_eq!(
+            r.query,
+            r#"sum by (host) (dev_new{host="h"}) * on (host) group_left () label_replace(dev_x, "host", "$1", "host", "(.*)")"#
+        );
+        assert!(reasons(&r).contains(&Reason::LabelRenamed));
+        assert_eq!(r.label_renames, vec![("Host".into(), "host".into())]);
+        // A label of a series the rules do not touch stays.
+        let r = rw("sum by (Host) (node_x)", true);
+        assert!(!r.changed);
+        assert_eq!(r.query, "sum by (Host) (node_x)");
+    }
+
+    #[test]
+    fn values_and_splits() {
+        let r = rw(r#"staged{stage="old"}"#, true);
+        assert_eq!(r.query, r#"staged{stage="new"}"#);
+        assert!(reasons(&r).contains(&Reason::LabelValueMapped));
+        let r = rw(r#"staged{stage=~"o.*"}"#, true);
+        assert!(reasons(&r).contains(&Reason::ValueRegex) && r.needs_human());
+        let r = rw(r#"rate(xfer_total{dir="in"}[1m])"#, true);
+        assert_eq!(r.query, "rate(xfer_in_total[1m])");
+        assert!(reasons(&r).contains(&Reason::SplitResolved));
+        let r = rw("rate(xfer_total[1m])", true);
+        assert!(!r.changed && reasons(&r).contains(&Reason::SplitUnresolved));
+    }
+
+    #[test]
+    fn what_cannot_be_kept_is_reported_not_changed() {
+        for (q, reason) in [
+            ("gone", Reason::Dropped),
+            ("cond", Reason::LabelDependent),
+            (r#"{__name__=~"lat_.*"}"#, Reason::NameRegex),
+            (r#"lat_ms_bucket{le=~"1.*"}"#, Reason::ValueRegex),
+            (r#"tagged{env="dev"}"#, Reason::LabelChanged),
+            ("sum(rk_x)", Reason::RankDedup),
+            (r#"rk_x{tp_rank="1"}"#, Reason::Dropped),
+            ("sum(", Reason::ParseError),
+            ("histogram_sum(lat_ms)", Reason::Unsupported),
+        ] {
+            let r = rw(q, true);
+            assert!(
+                reasons(&r).contains(&reason),
+                "{q}: {reason:?} in {:?}",
+                r.findings
+            );
+            assert!(r.needs_human(), "{q}");
+        }
+        // A label-dependent rule decided by the selector is rewritten.
+        assert_eq!(rw(r#"cond{kind="a"}"#, true).query, r#"cond_a{kind="a"}"#);
+        assert!(!rw(r#"cond{kind="b"}"#, true).changed);
+    }
+
+    #[test]
+    fn heatmaps_report_their_bounds_and_grafana_variables_survive() {
+        let r = rw(
+            "sum by (le) (increase(lat_ms_bucket[$__rate_interval]))",
+            true,
+        );
+        assert_eq!(
+            r.query,
+            "sum by (le) (increase(lat_seconds_bucket[$__rate_interval]))"
+        );
+        assert!(reasons(&r).contains(&Reason::LeBounds));
+        assert_eq!(r.le_factor.map(|f| f.den), Some(1000));
+        let r = rw(
+            r#"sum by ($group) (mem_mib{model=~"$model"}) / [[scale]]"#,
+            true,
+        );
+        assert!(
+            r.query.contains("$group")
+                && r.query.contains("$model")
+                && r.query.contains("[[scale]]"),
+            "{}",
+            r.query
+        );
+    }
+
+    #[test]
+    fn a_migrated_query_is_left_alone() {
+        for q in [
+            "histogram_quantile(0.9, sum by (le) (rate(lat_seconds_bucket[5m])))",
+            "sum by (host) (dev_new)",
+            "mem_bytes > 1e9",
+        ] {
+            let r = rw(q, true);
+            assert!(
+                !r.changed && r.findings.is_empty() && r.old_references.is_empty(),
+                "{q}: {r:?}"
+            );
+            assert_eq!(r.query, q);
+        }
     }
 }

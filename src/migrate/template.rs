@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn variables_are_masked_by_context_and_restored() {
-        let q = r#"sum by (le, $group) (rate(x_bucket{model=~"$model",a="${b}"}[$__rate_interval])) > [[thr]]"#;
+        let q = r#"sum by (le, $group) (rate(x_bucket{a="${b}",model=~"$model"}[$__rate_interval])) > [[thr]]"#;
         let t = Template::mask(q);
         assert!(t.has_variables());
         let m = t.masked();
