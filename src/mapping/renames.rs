@@ -35,9 +35,12 @@ struct SlotInfo {
     rule: Box<str>,
 }
 
+/// The slots in order, and each (pack, old name)'s slot.
+type SlotIndex = (Vec<SlotInfo>, AHashMap<(u16, Box<str>), u32>);
+
 pub struct RenameTracker {
     counters: Box<[Counters]>,
-    slots: Mutex<(Vec<SlotInfo>, AHashMap<(u16, Box<str>), u32>)>,
+    slots: Mutex<SlotIndex>,
 }
 
 impl std::fmt::Debug for RenameTracker {
