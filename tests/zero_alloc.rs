@@ -143,6 +143,7 @@ fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str, flow: Flow)
     let mut drained: Vec<Emitted> = Vec::new();
     let (mut encoded, mut scratch) = (Vec::new(), Vec::new());
     let mut out_bytes = 0;
+    let mut tracked = 0usize;
     // Returns (samples, derived samples, allocations).
     let mut run = |bodies: &[Vec<u8>]| {
         let (mut samples, mut derived, mut count) = (0u64, 0usize, 0u64);
@@ -161,6 +162,8 @@ fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str, flow: Flow)
             deriver.encode(&mut drained, &mut encoded, &mut scratch);
             derived += drained.len();
             count += allocations() - before;
+            // Cut-over tracking ran (old names such as DCGM_FI_DEV_FB_USED were renamed).
+            tracked += pipeline.stats(&ws).renames.len();
             samples += (p.samples_in + p.histograms_in) as u64;
             out_bytes += ws.encoded.len();
         }
@@ -182,6 +185,7 @@ fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str, flow: Flow)
         half,
         bodies.len() - half
     );
+    assert!(tracked > 0, "the old names were tracked ({what})");
     assert_eq!(allocs, 0, "the warm pipeline allocated ({what})");
     out_bytes
 }
