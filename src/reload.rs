@@ -324,6 +324,7 @@ impl Reloader {
         let derive = cfg.derive_settings()?;
         let rules_key = rules_key(&cfg)?;
         let old = self.live.current();
+        rules.inherit_renames(old.pipeline.rules());
         let mut pipeline = cfg.pipeline_with(rules)?;
         let keep_deriver = derive == running.derive && rules_key == running.rules_key;
         let mut kept = Kept {

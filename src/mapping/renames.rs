@@ -106,6 +106,11 @@ impl RenameTracker {
         }
     }
 
+    /// The `other` slot of `pack`, for names past [`RENAME_SLOTS`].
+    pub fn other(&self, pack: u16) -> u32 {
+        other_slot(pack)
+    }
+
     /// Every tracked rename (the `other` slots when used), by pack then name.
     pub fn snapshot(&self) -> Vec<RenameSeen> {
         let infos = match self.slots.lock() {

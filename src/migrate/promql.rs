@@ -1381,6 +1381,25 @@ rank_dedup:
     }
 
     #[test]
+    fn a_reload_keeps_the_cut_over_counts() {
+        let old = rules();
+        let slot = old
+            .plan_for("dev_old")
+            .and_then(|p| p.rename_slot)
+            .expect("tracked");
+        old.renames().record(&[(slot, 7)], 1_700_000_000_000);
+        let new = rules();
+        new.inherit_renames(&old);
+        let seen = new.renames().snapshot();
+        let e = seen
+            .iter()
+            .find(|s| s.from == "dev_old")
+            .expect("inherited");
+        assert_eq!((e.samples, e.last_seen), (7, Some(1_700_000_000.0)));
+        assert_eq!(e.to, "dev_new");
+    }
+
+    #[test]
     fn a_migrated_query_is_left_alone() {
         for q in [
             "histogram_quantile(0.9, sum by (le) (rate(lat_seconds_bucket[5m])))",

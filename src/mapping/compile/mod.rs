@@ -223,6 +223,30 @@ impl Rules {
         &self.renames
     }
 
+    /// A reload's new rules take over the running rules' cut-over counts (by pack name
+    /// and old name), so that "last seen" survives a reload.
+    pub fn inherit_renames(&self, old: &Rules) {
+        for seen in old.renames.snapshot() {
+            if seen.samples == 0 {
+                continue;
+            }
+            let Some(name) = old.packs.get(seen.pack as usize).map(|p| &p.name) else {
+                continue;
+            };
+            let Some(pack) = self.packs.iter().position(|p| &p.name == name) else {
+                continue;
+            };
+            let slot = if seen.from == super::renames::OTHER {
+                self.renames.other(pack as u16)
+            } else {
+                self.renames
+                    .slot(pack as u16, &seen.from, &seen.to, &seen.rule)
+            };
+            let last_ms = seen.last_seen.map(|s| (s * 1000.0) as i64).unwrap_or(0);
+            self.renames.record(&[(slot, seen.samples)], last_ms);
+        }
+    }
+
     pub fn reasons(&self) -> &[String] {
         &self.reasons
     }
