@@ -659,6 +659,33 @@ fn check_mode_exit_codes(dir: &Path) {
     );
     assert!(migrated.contains("[$__rate_interval]"), "{migrated}");
     assert!(migrated.contains("=~\\\"$host\\\""), "{migrated}");
+    let report = dir.join("report.json");
+    let (code, _, err) = promnorm(
+        &[
+            "migrate",
+            "grafana",
+            "--report",
+            report.to_str().unwrap(),
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(doc["summary"]["changed"].as_u64() >= Some(4), "{doc}");
+    assert!(
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["reason"] == "unit_changed")),
+        "{doc}"
+    );
     let out_path = dir.join("dash.migrated.json");
     std::fs::write(&out_path, &migrated).unwrap();
     let (code, out, _) = promnorm(

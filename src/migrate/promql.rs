@@ -509,6 +509,7 @@ impl Walk<'_> {
                         .iter()
                         .map(|(k, v)| format!("{k}=\"{v}\""))
                         .collect();
+                    self.old_ref(name.clone());
                     self.note(
                         Reason::LabelDependent,
                         format!(
@@ -621,6 +622,7 @@ impl Walk<'_> {
                     Reason::Dropped,
                     format!("{name}: dropped by a rule ({why}): the query returns nothing"),
                 );
+                self.old_ref(name.to_string());
                 false
             }
             Action::SetName(n) => {
@@ -682,6 +684,7 @@ impl Walk<'_> {
                     }
                     None => {
                         let to: Vec<&str> = names.iter().map(|(_, n)| &**n).collect();
+                        self.old_ref(name.to_string());
                         self.note(
                             Reason::SplitUnresolved,
                             format!(
