@@ -316,8 +316,16 @@ impl Dashboard<'_, '_> {
                 ..r
             };
         }
-        if call("metrics").is_some() || call("label_values").is_some() || t.contains("label_names")
-        {
+        if let Some(re) = call("metrics") {
+            // `metrics(re)` lists names: say when it may match names the rules rename.
+            let probe = format!("{{__name__=~{:?}}}", re.trim());
+            let r = self.rw.rewrite(&probe);
+            return Rewritten {
+                findings: r.findings,
+                ..unchanged(q)
+            };
+        }
+        if t.contains("label_names") {
             return unchanged(q);
         }
         self.rw.rewrite(q)
@@ -431,6 +439,37 @@ pub fn convert_unit(unit: &str, f: Factor) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variables_are_rewritten_or_reported() {
+        let cfg = crate::config::Config::parse("", "default").expect("default");
+        let rules = crate::app::Assemble::compile_rules(&cfg).expect("packs");
+        let rw = QueryRewriter::new(&rules, false);
+        let d = Dashboard {
+            rw: &rw,
+            edits: HashMap::new(),
+            entries: Vec::new(),
+        };
+        let r = d.variable_query("label_values(DCGM_FI_DEV_FB_USED{gpu=\"0\"}, Hostname)");
+        assert_eq!(
+            r.query,
+            "label_values(DCGM_FI_DEV_FB_USED_bytes{gpu=\"0\"}, hostname)"
+        );
+        let r = d.variable_query("query_result(max by (Hostname) (DCGM_FI_DEV_FB_USED))");
+        assert_eq!(
+            r.query,
+            "query_result(max by (hostname) (DCGM_FI_DEV_FB_USED_bytes))"
+        );
+        let r = d.variable_query("metrics(DCGM_FI_DEV_FB_.*)");
+        assert!(!r.changed);
+        assert!(
+            r.findings.iter().any(|f| f.reason == Reason::NameRegex),
+            "{:?}",
+            r.findings
+        );
+        let r = d.variable_query("label_values(model_name)");
+        assert!(!r.changed && r.findings.is_empty());
+    }
 
     #[test]
     fn units_follow_the_factor() {
