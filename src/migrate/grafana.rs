@@ -139,20 +139,25 @@ impl Dashboard<'_, '_> {
         let Some(&f) = changed.first() else {
             return;
         };
-        let loc = show(path);
-        if changed.iter().any(|g| *g != f) || changed.len() != factors.len() {
+        let loc = format!("{} (panel {title:?})", show(path));
+        let mut note = |detail: String| {
             self.entries.push(Entry {
-                location: format!("{loc} (panel {title:?})"),
+                location: loc.clone(),
                 before: String::new(),
                 after: String::new(),
                 findings: vec![Finding {
                     reason: Reason::UnitChanged,
-                    detail: "the panel's queries changed unit by different factors: one unit \
-                             cannot fit them; rerun with --keep-values or split the panel"
-                        .into(),
+                    detail,
                 }],
                 old_references: Vec::new(),
-            });
+            })
+        };
+        if changed.iter().any(|g| *g != f) || changed.len() != factors.len() {
+            note(
+                "the panel's queries changed unit by different factors: one unit cannot fit \
+                 them; rerun with --keep-values or split the panel"
+                    .into(),
+            );
             return;
         }
         let mut units: Vec<(Path, &str)> = Vec::new();
@@ -203,16 +208,9 @@ impl Dashboard<'_, '_> {
             }
         }
         if units.is_empty() {
-            self.entries.push(Entry {
-                location: format!("{loc} (panel {title:?})"),
-                before: String::new(),
-                after: String::new(),
-                findings: vec![Finding {
-                    reason: Reason::UnitChanged,
-                    detail: format!("values are now {f}; the panel sets no unit to change"),
-                }],
-                old_references: Vec::new(),
-            });
+            note(format!(
+                "values are now {f}; the panel sets no unit to change"
+            ));
             return;
         }
         for (upath, unit) in units {

@@ -121,3 +121,25 @@ pub fn report_json(entries: &[Entry], keep_values: bool) -> String {
     let doc = serde_json::json!({ "summary": summary, "entries": items });
     serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
 }
+
+/// Rules of one pack written in YAML, for the tests of this module.
+#[cfg(test)]
+pub(crate) fn test_rules(pack_yaml: &str) -> crate::mapping::Rules {
+    use crate::mapping::{GlobalOptions, PackOptions, PackSpec, Rules};
+    let spec: PackSpec = crate::config::yaml::from_str(pack_yaml).expect("test pack parses");
+    let name = spec.pack.clone();
+    Rules::compile(
+        &[(
+            spec,
+            PackOptions {
+                name,
+                keep_original: false,
+                sum_over_ranks: None,
+            },
+        )],
+        &GlobalOptions {
+            drop_created_series: false,
+        },
+    )
+    .expect("test pack compiles")
+}

@@ -1179,7 +1179,6 @@ impl QueryRewriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::{GlobalOptions, PackOptions, PackSpec};
 
     const PACK: &str = r#"
 pack: t
@@ -1224,21 +1223,7 @@ rank_dedup:
 "#;
 
     fn rules() -> Rules {
-        let spec: PackSpec = crate::config::yaml::from_str(PACK).expect("test pack parses");
-        Rules::compile(
-            &[(
-                spec,
-                PackOptions {
-                    name: "t".into(),
-                    keep_original: false,
-                    sum_over_ranks: None,
-                },
-            )],
-            &GlobalOptions {
-                drop_created_series: false,
-            },
-        )
-        .expect("test pack compiles")
+        crate::migrate::test_rules(PACK)
     }
 
     fn rw(q: &str, keep: bool) -> Rewritten {

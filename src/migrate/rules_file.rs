@@ -258,27 +258,12 @@ fn edit_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::{GlobalOptions, PackOptions, PackSpec, Rules};
+    use crate::mapping::Rules;
 
     fn rules() -> Rules {
-        let spec: PackSpec = yaml::from_str(
+        crate::migrate::test_rules(
             "pack: t\nrules:\n  - match: {family: lat_ms}\n    type: histogram\n    rename: lat_seconds\n    scale: 1/1000\n  - match: {prefix: dev_}\n    rename_labels: {Host: host}\n",
         )
-        .expect("pack");
-        Rules::compile(
-            &[(
-                spec,
-                PackOptions {
-                    name: "t".into(),
-                    keep_original: false,
-                    sum_over_ranks: None,
-                },
-            )],
-            &GlobalOptions {
-                drop_created_series: false,
-            },
-        )
-        .expect("compiles")
     }
 
     const FILE: &str = "# Alerts of the serving team.\ngroups:\n  - name: serving # owned by SRE\n    rules:\n      # Slow transfers page.\n      - alert: Slow\n        expr: |\n          histogram_quantile(0.99, sum by (le) (rate(lat_ms_bucket[5m])))\n            > 500\n        for: 5m\n        annotations:\n          summary: \"p99 is slow\"\n      - record: unchanged:sum\n        expr: sum(up)\n      - alert: Hosts\n        expr: count by (Host) (dev_x) > 1\n        annotations:\n          summary: \"{{ $labels.Host }} has two\"\n";
