@@ -5,6 +5,7 @@ pub mod apply;
 pub mod cache;
 pub mod compile;
 pub mod meta;
+pub mod native;
 pub mod number;
 pub mod spec;
 
