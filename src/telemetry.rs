@@ -345,6 +345,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Exponential native histograms re-bucketed into float histograms by a rescale whose factor is no power of two (a quantile moves by at most one bucket width), by pack.",
     ),
+    (
+        NATIVE_UNROLLED,
+        Kind::Counter,
+        "Native histograms with custom buckets (NHCB) sent to a backend as classic _bucket/_sum/_count series (backends[].native_histograms), by backend.",
+    ),
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
@@ -385,6 +390,7 @@ pub const QUEUE_REFUSED: &str = "promnorm_queue_refused_requests_total";
 pub const QUEUE_CORRUPT: &str = "promnorm_queue_corrupt_records_total";
 pub const TENANT_SAMPLES: &str = "promnorm_tenant_samples_total";
 pub const NATIVE_REBUCKETED: &str = "promnorm_native_histograms_rebucketed_total";
+pub const NATIVE_UNROLLED: &str = "promnorm_native_histograms_unrolled_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -420,6 +426,11 @@ pub fn samples_received(n: u64) {
 
 pub fn samples_forwarded(backend: &str, n: u64) {
     metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+}
+
+/// NHCB histograms sent to `backend` unrolled into classic series.
+pub fn native_histograms_unrolled(backend: &str, n: u64) {
+    metrics::counter!(NATIVE_UNROLLED, "backend" => backend.to_string()).increment(n);
 }
 
 pub fn samples_dropped(reason: &'static str, n: u64) {
@@ -551,6 +562,7 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
 /// routing drops (`tenancy`).
 pub fn register_backend(backend: &str, tenancy: bool) {
     metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(0);
+    metrics::counter!(NATIVE_UNROLLED, "backend" => backend.to_string()).increment(0);
     if tenancy {
         for reason in ["no_tenant", "tenant_copies"] {
             metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => reason)

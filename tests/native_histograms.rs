@@ -425,3 +425,175 @@ fn rank_dedup_and_keep_original_apply_to_native_series() {
         assert_eq!(orig[0].histograms[0].custom_values, [100.0], "{flow:?}");
     }
 }
+
+fn recorded_v1(rec: &common::Recorded) -> pb::WriteRequest {
+    let reqs = rec.requests();
+    assert_eq!(reqs.len(), 1, "one request");
+    decode(&reqs[0].1)
+}
+
+fn recorded_v2(rec: &rw2::V2Recorded) -> pb::WriteRequest {
+    let reqs = rec.lock().unwrap().clone();
+    assert_eq!(reqs.len(), 1, "one request");
+    let out = rw2::decode_v2(&reqs[0].1);
+    pb::WriteRequest {
+        timeseries: out
+            .timeseries
+            .iter()
+            .map(|ts| pb::TimeSeries {
+                labels: ts
+                    .labels_refs
+                    .chunks(2)
+                    .map(|p| label(&out.symbols[p[0] as usize], &out.symbols[p[1] as usize]))
+                    .collect(),
+                samples: ts
+                    .samples
+                    .iter()
+                    .map(|s| pb::Sample {
+                        value: s.value,
+                        timestamp: s.timestamp,
+                    })
+                    .collect(),
+                histograms: ts
+                    .histograms
+                    .iter()
+                    .map(|h| pb::Histogram::decode(h.encode_to_vec().as_slice()).unwrap())
+                    .collect(),
+                exemplars: vec![],
+            })
+            .collect(),
+        // The 2.0 series' metadata types, by series name, as 1.0 entries.
+        metadata: out
+            .timeseries
+            .iter()
+            .filter_map(|ts| {
+                let md = ts.metadata.as_ref()?;
+                let name = ts
+                    .labels_refs
+                    .chunks(2)
+                    .find(|p| out.symbols[p[0] as usize] == "__name__")?;
+                Some(pb::MetricMetadata {
+                    r#type: md.r#type,
+                    metric_family_name: out.symbols[name[1] as usize].clone(),
+                    ..Default::default()
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The NHCB a 2.0 sender sends (Prometheus 3's `convert_classic_histograms_to_nhcb`):
+/// unrolled into classic series for a 1.0 backend (`auto`), kept for 2.0; `as_is` and
+/// `classic` override; tenant-routed backends too; counted per backend.
+#[tokio::test]
+async fn nhcb_is_unrolled_for_1_0_backends_and_kept_for_2_0() {
+    use axum::http::StatusCode;
+    let (auto_v1, auto_v1_log) = common::fake_backend(common::Reply::ok()).await;
+    let (as_is, as_is_log) = common::fake_backend(common::Reply::ok()).await;
+    let (tenanted, tenanted_log) = common::fake_backend(common::Reply::ok()).await;
+    let (auto_v2, auto_v2_log) = rw2::versioned_backend(StatusCode::NO_CONTENT, true).await;
+    let (classic_v2, classic_v2_log) = rw2::versioned_backend(StatusCode::NO_CONTENT, true).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+backends:
+  - {{name: auto_v1, url: {auto_v1}}}
+  - {{name: as_is, url: {as_is}, native_histograms: as_is}}
+  - {{name: tenanted, url: {tenanted}, tenancy: {{label: job}}}}
+  - {{name: auto_v2, url: {auto_v2}, protocol: v2}}
+  - {{name: classic_v2, url: {classic_v2}, protocol: v2, native_histograms: classic}}
+"
+    );
+    let proxy = common::start_proxy_yaml(&yaml, std::time::Duration::from_secs(2)).await;
+    let h = nhcb(&[0.1, 1.0, 2.5], &[3, 1, 0, 2], 4.25, 1000);
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            // sglang's KV transfer latency in ms: renamed and rescaled first.
+            native(
+                &[
+                    ("__name__", "sglang:kv_transfer_latency_ms"),
+                    ("job", "sgl"),
+                ],
+                vec![h.clone()],
+            ),
+            series(&[("__name__", "up"), ("job", "sgl")], &[(1.0, 1000)]),
+        ],
+        metadata: vec![],
+    };
+    let body = rw2::encode_v2(&rw2::v1_to_v2(&req));
+    let r = common::post(&proxy.url(), body, rw2::RW2_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+
+    let family = "sglang:kv_transfer_latency_seconds";
+    for (what, got) in [
+        ("auto_v1", recorded_v1(&auto_v1_log)),
+        ("tenanted", recorded_v1(&tenanted_log)),
+        ("classic_v2", recorded_v2(&classic_v2_log)),
+    ] {
+        assert!(find(&got, family).is_empty(), "{what}: no native series");
+        let bucket = |le: &str| {
+            got.timeseries
+                .iter()
+                .find(|t| {
+                    name_of(t) == format!("{family}_bucket") && t.labels.contains(&label("le", le))
+                })
+                .unwrap_or_else(|| panic!("{what}: le={le} in {got:?}"))
+                .samples[0]
+                .value
+        };
+        // Bounds ÷1000 in promnorm's `le` text; cumulative counts; +Inf is the count.
+        assert_eq!(
+            [
+                bucket("0.0001"),
+                bucket("0.001"),
+                bucket("0.0025"),
+                bucket("+Inf")
+            ],
+            [3.0, 4.0, 4.0, 6.0],
+            "{what}"
+        );
+        assert_eq!(
+            find(&got, &format!("{family}_sum"))[0].samples[0].value,
+            0.00425
+        );
+        assert_eq!(
+            find(&got, &format!("{family}_count"))[0].samples[0].value,
+            6.0
+        );
+        assert_eq!(find(&got, "up").len(), 1, "{what}");
+        assert!(
+            got.metadata
+                .iter()
+                .any(|m| m.r#type == 3 && m.metric_family_name.starts_with(family)),
+            "{what}: HISTOGRAM metadata: {:?}",
+            got.metadata
+        );
+    }
+    for (what, got) in [
+        ("as_is", recorded_v1(&as_is_log)),
+        ("auto_v2", recorded_v2(&auto_v2_log)),
+    ] {
+        let native = find(&got, family);
+        assert_eq!(native.len(), 1, "{what}");
+        assert_eq!(
+            native[0].histograms[0].custom_values,
+            [0.0001, 0.001, 0.0025]
+        );
+        assert!(find(&got, &format!("{family}_bucket")).is_empty(), "{what}");
+    }
+    for (backend, want) in [
+        ("auto_v1", 1.0),
+        ("tenanted", 1.0),
+        ("classic_v2", 1.0),
+        ("as_is", 0.0),
+        ("auto_v2", 0.0),
+    ] {
+        let n = proxy
+            .metric(
+                "promnorm_native_histograms_unrolled_total",
+                &[&format!("backend=\"{backend}\"")],
+            )
+            .await;
+        assert_eq!(n, want, "{backend}");
+    }
+    proxy.shut_down().await;
+}

@@ -8,6 +8,7 @@ pub mod meta;
 pub mod native;
 pub mod number;
 pub mod spec;
+pub mod unroll;
 
 pub use apply::{
     CounterFamilies, MapContext, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
