@@ -317,7 +317,9 @@ impl Pipeline {
         }
         ws.unrolled = Unrolled::default();
         if ws.decoded.has_nhcb {
-            ws.unrolled = ws.unroller.unroll(&ws.encoded, &mut ws.classic)?;
+            ws.unrolled =
+                ws.unroller
+                    .unroll(&ws.encoded, &mut ws.classic, self.limits.max_decoded_bytes)?;
         }
         ws.compressed_len = 0;
         if !ws.skip_v1_body {

@@ -26,6 +26,9 @@ pub struct Unrolled {
     pub histograms: u64,
     /// Float samples written in their place.
     pub samples: u64,
+    /// NHCB histograms left as they are: unrolling them would have taken the body over
+    /// its size limit.
+    pub skipped: u64,
 }
 
 /// One histogram of the group being unrolled.
@@ -70,8 +73,15 @@ impl Unroller {
     }
 
     /// Writes `mapped` (a mapped 1.0 body; it may carry 2.0's start timestamps) into
-    /// `out` with its NHCB histograms unrolled.
-    pub fn unroll(&mut self, mapped: &[u8], out: &mut Vec<u8>) -> Result<Unrolled, DecodeError> {
+    /// `out` with its NHCB histograms unrolled. A series whose unrolling would take
+    /// `out` over `max_bytes` is copied as it is (one bound costs a whole series: a small
+    /// request could otherwise ask for gigabytes).
+    pub fn unroll(
+        &mut self,
+        mapped: &[u8],
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Result<Unrolled, DecodeError> {
         out.clear();
         self.families.clear();
         self.family_names.clear();
@@ -84,10 +94,15 @@ impl Unroller {
             match (field, wire) {
                 (1, WIRE_LEN) => {
                     let (s, e) = r.len_delimited()?;
-                    if series_has_nhcb(mapped, s, e)? {
-                        self.unroll_series(mapped, s, e, out, &mut done)?;
-                    } else {
-                        out.extend_from_slice(&mapped[from..r.pos()]);
+                    match nhcb_cost(mapped, s, e)? {
+                        Some((cost, _)) if out.len().saturating_add(cost) <= max_bytes => {
+                            self.unroll_series(mapped, s, e, out, &mut done)?;
+                        }
+                        Some((_, n)) => {
+                            done.skipped += n;
+                            out.extend_from_slice(&mapped[from..r.pos()]);
+                        }
+                        None => out.extend_from_slice(&mapped[from..r.pos()]),
                     }
                 }
                 (3, WIRE_LEN) => {
@@ -371,36 +386,60 @@ impl Classic<'_> {
     }
 }
 
-fn series_has_nhcb(buf: &[u8], s: usize, e: usize) -> Result<bool, DecodeError> {
+/// For a series with NHCB histograms: an upper estimate of the bytes its unrolling
+/// writes, and how many NHCB it has; `None` without NHCB.
+fn nhcb_cost(buf: &[u8], s: usize, e: usize) -> Result<Option<(usize, u64)>, DecodeError> {
+    let mut labels = 0usize;
+    let mut bounds = 0usize;
+    let mut nhcb = 0u64;
     let mut r = Reader::new(buf, s, e);
     while !r.is_done() {
         let (field, wire) = r.key()?;
-        if field == 4 && wire == WIRE_LEN {
-            let (hs, he) = r.len_delimited()?;
-            if histogram_schema(buf, hs, he)? == CUSTOM_BUCKETS_SCHEMA {
-                return Ok(true);
+        match (field, wire) {
+            (1, WIRE_LEN) => {
+                let (ls, le) = r.len_delimited()?;
+                labels += le - ls + 4;
             }
-        } else {
-            r.skip(wire)?;
+            (4, WIRE_LEN) => {
+                let (hs, he) = r.len_delimited()?;
+                let (schema, n) = histogram_shape(buf, hs, he)?;
+                if schema == CUSTOM_BUCKETS_SCHEMA {
+                    nhcb += 1;
+                    bounds += n + 3;
+                }
+            }
+            _ => r.skip(wire)?,
         }
     }
-    Ok(false)
+    // Per classic series and histogram: the labels, `le`, one sample; 64 covers the
+    // name suffix, `le` text and the sample.
+    Ok((nhcb > 0).then(|| (bounds.saturating_mul(labels + 64), nhcb)))
 }
 
-/// A histogram's schema (field 4, sint32).
-fn histogram_schema(buf: &[u8], s: usize, e: usize) -> Result<i32, DecodeError> {
+/// A histogram's schema (field 4, sint32) and number of custom bounds (field 16).
+fn histogram_shape(buf: &[u8], s: usize, e: usize) -> Result<(i32, usize), DecodeError> {
     let mut schema = 0;
+    let mut bounds = 0;
     let mut r = Reader::new(buf, s, e);
     while !r.is_done() {
         let (field, wire) = r.key()?;
-        if field == 4 && wire == WIRE_VARINT {
-            let v = r.varint()?;
-            schema = ((v >> 1) as i64 ^ -((v & 1) as i64)) as i32;
-        } else {
-            r.skip(wire)?;
+        match (field, wire) {
+            (4, WIRE_VARINT) => {
+                let v = r.varint()?;
+                schema = ((v >> 1) as i64 ^ -((v & 1) as i64)) as i32;
+            }
+            (16, WIRE_LEN) => {
+                let (a, b) = r.len_delimited()?;
+                bounds += (b - a) / 8;
+            }
+            (16, WIRE_I64) => {
+                r.fixed64()?;
+                bounds += 1;
+            }
+            _ => r.skip(wire)?,
         }
     }
-    Ok(schema)
+    Ok((schema, bounds))
 }
 
 fn label_ranges(
@@ -535,12 +574,13 @@ mod tests {
         let body = req.encode_to_vec();
         let mut u = Unroller::new();
         let mut out = Vec::new();
-        let done = u.unroll(&body, &mut out).unwrap();
+        let done = u.unroll(&body, &mut out, usize::MAX).unwrap();
         assert_eq!(
             done,
             Unrolled {
                 histograms: 3,
-                samples: 3 * 6
+                samples: 3 * 6,
+                skipped: 0
             }
         );
         let got = pb::WriteRequest::decode(out.as_slice()).unwrap();
@@ -587,7 +627,8 @@ mod tests {
             help: "Latency.".into(),
             ..Default::default()
         });
-        u.unroll(&with_md.encode_to_vec(), &mut out).unwrap();
+        u.unroll(&with_md.encode_to_vec(), &mut out, usize::MAX)
+            .unwrap();
         assert_eq!(
             pb::WriteRequest::decode(out.as_slice()).unwrap().metadata,
             with_md.metadata
@@ -597,8 +638,38 @@ mod tests {
             metadata: vec![],
         }
         .encode_to_vec();
-        assert_eq!(u.unroll(&plain, &mut out).unwrap(), Unrolled::default());
+        assert_eq!(
+            u.unroll(&plain, &mut out, usize::MAX).unwrap(),
+            Unrolled::default()
+        );
         assert_eq!(out, plain);
+    }
+
+    /// Many bounds on a series with long labels: a small request that would unroll into
+    /// a huge one is forwarded as it is, within the limit.
+    #[test]
+    fn unrolling_stays_within_the_size_limit() {
+        let mut h = nhcb(1000, &[1, 1], 1.0);
+        h.custom_values = (1..=5000).map(f64::from).collect();
+        let req = pb::WriteRequest {
+            timeseries: vec![pb::TimeSeries {
+                labels: vec![label("__name__", "big"), label("pad", &"x".repeat(60_000))],
+                histograms: vec![h],
+                ..Default::default()
+            }],
+            metadata: vec![],
+        };
+        let body = req.encode_to_vec();
+        let mut u = Unroller::new();
+        let mut out = Vec::new();
+        let limit = 16 << 20;
+        let done = u.unroll(&body, &mut out, limit).unwrap();
+        assert_eq!((done.histograms, done.skipped), (0, 1));
+        assert_eq!(out, body);
+        // Under a limit it fits, it is unrolled.
+        let done = u.unroll(&body, &mut out, usize::MAX).unwrap();
+        assert_eq!(done.histograms, 1);
+        assert!(out.len() > limit);
     }
 
     #[test]
@@ -609,7 +680,7 @@ mod tests {
             &[0x0au8, 0x05, 0x22, 0x09][..],
             &[0x0a, 0x02, 0x22, 0x00, 0x1a],
         ] {
-            assert!(u.unroll(bad, &mut out).is_err(), "{bad:?}");
+            assert!(u.unroll(bad, &mut out, usize::MAX).is_err(), "{bad:?}");
         }
     }
 }
