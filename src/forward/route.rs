@@ -213,23 +213,33 @@ impl Routing {
                 untenanted_ok: opts.fixed_header
                     || mapped.sender.is_some_and(|h| h.contains_key(&opts.header)),
             };
+            let Some(classic) = mapped.classic else {
+                self.route_tenants(
+                    sinks,
+                    mapped,
+                    mapped.body,
+                    (opts, &split, &orphans),
+                    members,
+                    |_| true,
+                    split_scratch,
+                    bodies,
+                    out,
+                )?;
+                continue;
+            };
             // With NHCB in the request, members that take them unrolled get a split of
-            // the unrolled body (`auto`: those sending 1.0 now).
-            for unrolled in [false, true] {
-                let Some(body) = (match (unrolled, mapped.classic) {
-                    (false, _) => Some(mapped.body),
-                    (true, Some(c)) => Some(c.body),
-                    (true, None) => None,
-                }) else {
-                    continue;
-                };
-                let takes = |i: usize| {
+            // the unrolled body (`auto`: those sending 1.0 now), decided once per member
+            // (`wants_v2` may change while routing).
+            let unrolled_members: Vec<(usize, bool)> = members
+                .iter()
+                .map(|&i| {
                     let (v1, v2) = unrolls(&*sinks[i]);
-                    let u = if sinks[i].wants_v2() { v2 } else { v1 };
-                    mapped.classic.is_some() && u
-                };
-                let group: &[usize] = members;
-                if !group.iter().any(|&i| takes(i) == unrolled) {
+                    (i, if sinks[i].wants_v2() { v2 } else { v1 })
+                })
+                .collect();
+            for (unrolled, body) in [(false, mapped.body), (true, classic.body)] {
+                let take = |i: usize| unrolled_members.contains(&(i, unrolled));
+                if !members.iter().any(|&i| take(i)) {
                     continue;
                 }
                 self.route_tenants(
@@ -237,15 +247,18 @@ impl Routing {
                     mapped,
                     body,
                     (opts, &split, &orphans),
-                    group,
-                    |i| takes(i) == unrolled,
+                    members,
+                    take,
                     split_scratch,
                     bodies,
                     out,
                 )?;
-                if unrolled && let Some(c) = mapped.classic {
-                    for &i in group.iter().filter(|&&i| takes(i)) {
-                        crate::telemetry::native_histograms_unrolled(sinks[i].name(), c.histograms);
+                if unrolled {
+                    for &i in members.iter().filter(|&&i| take(i)) {
+                        crate::telemetry::native_histograms_unrolled(
+                            sinks[i].name(),
+                            classic.histograms,
+                        );
                     }
                 }
             }
