@@ -12,7 +12,11 @@
 //! the 1.0 body, as `serve` does for `protocol: v2` backends), the 2.0 requests being the
 //! same requests as a 2.0 sender sends them; and 1.0 in → one 1.0 body per tenant
 //! (`tenants_by_instance`: tenant routing by the `instance` label, the split and each
-//! tenant's compression instead of one compression of the whole request).
+//! tenant's compression instead of one compression of the whole request);
+//! `native_histograms_2000_series/end_to_end`: the 2,000-series requests plus 500 native
+//! histogram series under the packs' rescale rules (20 % of the series: NHCB ÷1000,
+//! exponential ÷1000 re-bucketed, exponential ×2^20), 1.0 in → 1.0 out, the NHCB
+//! unrolled for 1.0 backends as `serve` does.
 
 use promnorm::app::Assemble;
 use std::sync::Arc;
@@ -29,6 +33,8 @@ use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
 #[path = "../tests/support/fleet.rs"]
 mod fleet;
+#[path = "../tests/support/native.rs"]
+mod native;
 
 fn decompress(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut d = snap::raw::Decoder::new();
@@ -240,9 +246,35 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
     g.finish();
 }
 
+/// The fleet's requests with 20 % native histogram series under rescale rules.
+fn bench_native(c: &mut Criterion, bodies: &[Vec<u8>]) {
+    let (bodies, _) = native::with_native_histograms(bodies);
+    let pipeline = config().pipeline().expect("valid configuration");
+    let deriver = pipeline.deriver().expect("derived on").clone();
+    let mut drained: Vec<Emitted> = Vec::new();
+    let mut ws = pipeline.take_workspace();
+    let p = pipeline.process(&mut ws, &bodies[0]).expect("valid");
+    let mut g = c.benchmark_group("native_histograms_2000_series");
+    g.throughput(Throughput::Elements(
+        (p.samples_in + p.histograms_in) as u64,
+    ));
+    let mut i = 0;
+    g.bench_function("end_to_end", |b| {
+        b.iter(|| {
+            i = (i + 1) % bodies.len();
+            let p = pipeline.process(&mut ws, &bodies[i]).expect("valid");
+            drained.clear();
+            deriver.drain(&mut drained);
+            p
+        })
+    });
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let default = fleet::request_bodies(fleet::Mode::Default, 100);
     bench_size(c, "2000_series", &default);
+    bench_native(c, &default);
     let large = fleet::request_bodies(fleet::Mode::Large, 30);
     bench_size(c, "10000_series", &large);
 }

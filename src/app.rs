@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use crate::config::{
     AutoCount, BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config,
-    ConfigError, QueueConfig, QueueType, TenancyConfig, WhenFullConfig, yaml,
+    ConfigError, NativeHistogramsConfig, QueueConfig, QueueType, TenancyConfig, WhenFullConfig,
+    yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
-    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend, Sink,
-    TenancyOptions, TlsOptions,
+    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend,
+    NativeHistogramsPolicy, Sink, TenancyOptions, TlsOptions,
 };
 use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
 
@@ -315,6 +316,11 @@ pub fn backend_options(
             BackendProtocolConfig::Auto => BackendProtocol::Auto,
         },
         tenancy,
+        native_histograms: match cfg.native_histograms {
+            NativeHistogramsConfig::Auto => NativeHistogramsPolicy::Auto,
+            NativeHistogramsConfig::AsIs => NativeHistogramsPolicy::AsIs,
+            NativeHistogramsConfig::Classic => NativeHistogramsPolicy::Classic,
+        },
         max_concurrent_requests: cfg.max_concurrent_requests,
         saturated_status: http::StatusCode::from_u16(throttle_status)
             .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),

@@ -404,7 +404,22 @@ fn explain_series(
         out.push_str(": no rule applies; forwarded unchanged\n");
         return vec![name.to_string()];
     };
+    if plan.native_only {
+        // A histogram rule's plan for the plain name: only native histogram series.
+        out.push_str(" (native histogram series; a float series of this name: ");
+        out.push_str(match &plan.without_native {
+            Some(_) => "its own plan",
+            None => "forwarded unchanged",
+        });
+        out.push(')');
+    }
     out.push_str(":\n");
+    if plan.native_keep_unit {
+        let _ = writeln!(
+            out,
+            "{indent}  native histograms: keep_unit: a series carrying them is forwarded unrenamed, in its old unit"
+        );
+    }
     for t in &plan.trace {
         let _ = writeln!(out, "{indent}  {t}");
     }
@@ -478,11 +493,33 @@ fn write_outcome(out: &mut String, outcome: Outcome) -> Vec<String> {
     }
 }
 
+/// A backend as `explain` describes it: what its native histograms with custom buckets
+/// (NHCB) become.
+#[derive(Clone, Debug)]
+pub struct ExplainBackend {
+    pub name: String,
+    /// `backends[].protocol`: `v1`, `v2`, `auto`.
+    pub protocol: &'static str,
+    /// `backends[].native_histograms`: `auto`, `as_is`, `classic`.
+    pub native_histograms: &'static str,
+}
+
 /// The text `promnorm explain QUERY` prints.
 pub fn explain(
     rules: &Rules,
     deriver: Option<&Deriver>,
     query: &str,
+) -> Result<String, ExplainError> {
+    explain_for(rules, deriver, query, &[])
+}
+
+/// [`explain`], saying per backend what a native histogram with custom buckets (NHCB)
+/// of the family becomes.
+pub fn explain_for(
+    rules: &Rules,
+    deriver: Option<&Deriver>,
+    query: &str,
+    backends: &[ExplainBackend],
 ) -> Result<String, ExplainError> {
     let sel = parse_selector(query)?;
     let labels = sel.labels.as_deref();
@@ -514,6 +551,42 @@ pub fn explain(
     for m in &members {
         let outputs = explain_series(rules, m, labels, "  ", &mut out);
         feeds(&mut out, &outputs, "  ");
+    }
+    // A histogram family (or a name whose native series a rule covers): NHCB per backend.
+    let native = plan_of(rules, &sel.name).filter(|p| p.native_only || !members.is_empty());
+    if (native.is_some() || members.iter().any(|m| m.ends_with("_bucket"))) && !backends.is_empty()
+    {
+        let target = native
+            .as_ref()
+            .and_then(|p| {
+                p.steps.iter().rev().find_map(|s| match &s.action {
+                    Action::SetName(n) if s.when.is_empty() => Some(n.to_string()),
+                    _ => None,
+                })
+            })
+            .unwrap_or_else(|| sel.name.clone());
+        let _ = writeln!(
+            out,
+            "native histograms with custom buckets (NHCB) of {target}, per backend:"
+        );
+        for b in backends {
+            let unrolled =
+                format!("unrolled into {target}_bucket{{le}}, {target}_sum, {target}_count");
+            let what = match (b.native_histograms, b.protocol) {
+                ("as_is", _) => "forwarded as NHCB".to_string(),
+                ("classic", _) => unrolled,
+                (_, "v2") => "forwarded as NHCB (2.0)".to_string(),
+                (_, "auto") => format!(
+                    "forwarded as NHCB while it takes 2.0; {unrolled} once it falls back to 1.0"
+                ),
+                _ => format!("{unrolled} (1.0)"),
+            };
+            let _ = writeln!(
+                out,
+                "  {} (protocol {}, native_histograms {}): {what}",
+                b.name, b.protocol, b.native_histograms
+            );
+        }
     }
     Ok(out)
 }

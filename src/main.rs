@@ -373,9 +373,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let deriver = cfg
                 .derive_settings()?
                 .map(|s| promnorm::derive::Deriver::new(&s));
+            let backends: Vec<promnorm::explain::ExplainBackend> = cfg
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| promnorm::explain::ExplainBackend {
+                    name: b.name.clone().unwrap_or_else(|| format!("backends[{i}]")),
+                    protocol: match b.protocol {
+                        promnorm::config::BackendProtocolConfig::V1 => "v1",
+                        promnorm::config::BackendProtocolConfig::V2 => "v2",
+                        promnorm::config::BackendProtocolConfig::Auto => "auto",
+                    },
+                    native_histograms: match b.native_histograms {
+                        promnorm::config::NativeHistogramsConfig::Auto => "auto",
+                        promnorm::config::NativeHistogramsConfig::AsIs => "as_is",
+                        promnorm::config::NativeHistogramsConfig::Classic => "classic",
+                    },
+                })
+                .collect();
             print!(
                 "{}",
-                promnorm::explain::explain(&rules, deriver.as_ref(), &name)?
+                promnorm::explain::explain_for(&rules, deriver.as_ref(), &name, &backends)?
             );
         }
         Command::Rules {

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
+use crate::mapping::unroll::{Unrolled, Unroller};
 use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapper, Rules};
 use crate::wire::bodies::BodyEncoder;
 use crate::wire::encode_v2::{MetadataMemory, StripScratch, V2Encoder, strip_v2};
@@ -52,6 +53,11 @@ pub struct Workspace {
     pub skip_v1_body: bool,
     tenant_split: TenantSplit,
     bodies: BodyEncoder,
+    /// The mapped request with its NHCB histograms unrolled into classic series, when
+    /// it has some (for backends that take 1.0, `backends[].native_histograms`).
+    unroller: Unroller,
+    classic: Vec<u8>,
+    unrolled: Unrolled,
 }
 
 /// What routing the last request's output needs from a workspace (see
@@ -64,6 +70,9 @@ pub struct RouteInput<'a> {
     pub v1: Option<&'a [u8]>,
     pub split: &'a mut TenantSplit,
     pub bodies: &'a mut BodyEncoder,
+    /// The mapped request with NHCB unrolled, and what was unrolled; `None` when the
+    /// request has no NHCB.
+    pub classic: Option<(&'a [u8], Unrolled)>,
 }
 
 /// A pooled workspace whose largest buffer holds more than this is freed rather than
@@ -81,6 +90,7 @@ impl Workspace {
             .max(self.compressed.capacity())
             .max(self.v2_raw.capacity())
             .max(self.plain.capacity())
+            .max(self.classic.capacity())
             .max(self.tenant_split.retained_bytes())
             .max(self.bodies.retained_bytes())
     }
@@ -93,6 +103,7 @@ impl Workspace {
             v1: (!self.skip_v1_body).then_some(&self.compressed[..self.compressed_len]),
             split: &mut self.tenant_split,
             bodies: &mut self.bodies,
+            classic: (self.unrolled.histograms > 0).then_some((&self.classic[..], self.unrolled)),
         }
     }
 
@@ -303,6 +314,12 @@ impl Pipeline {
             .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded, &ctx);
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
+        }
+        ws.unrolled = Unrolled::default();
+        if ws.decoded.has_nhcb {
+            ws.unrolled =
+                ws.unroller
+                    .unroll(&ws.encoded, &mut ws.classic, self.limits.max_decoded_bytes)?;
         }
         ws.compressed_len = 0;
         if !ws.skip_v1_body {

@@ -34,6 +34,7 @@ pub fn register_pipeline(rules: &Rules, derived_series: impl Iterator<Item = &'s
     for pack in rules.packs() {
         metrics::counter!(SERIES_RENAMED, "pack" => pack.name.clone()).increment(0);
         metrics::counter!(SERIES_RESCALED, "pack" => pack.name.clone()).increment(0);
+        metrics::counter!(NATIVE_REBUCKETED, "pack" => pack.name.clone()).increment(0);
     }
     for series in derived_series {
         metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(0);
@@ -216,7 +217,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         NATIVE_UNSCALED,
         Kind::Counter,
-        "Native histograms forwarded unchanged under a rescale rule.",
+        "Native histograms forwarded in their old unit under a rescale rule: the rule says native_histograms: keep_unit (the series is not renamed), or the histogram cannot be rescaled (a schema Prometheus does not define, bucket indices out of range).",
     ),
     (
         RENAME_LAST_SEEN,
@@ -349,6 +350,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Samples of the sender's requests routed to a tenant, by backend, tenant (beyond limits.max_tenants_in_metrics: other) and outcome (delivered, queued, rejected, failed).",
     ),
+    (
+        NATIVE_REBUCKETED,
+        Kind::Counter,
+        "Exponential native histograms re-bucketed into float histograms by a rescale whose factor is no power of two (a quantile moves by at most one bucket width), by pack.",
+    ),
+    (
+        NATIVE_UNROLLED,
+        Kind::Counter,
+        "Native histograms with custom buckets (NHCB) sent to a backend as classic _bucket/_sum/_count series (backends[].native_histograms), by backend.",
+    ),
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
@@ -390,6 +401,8 @@ pub const QUEUE_RETRIES: &str = "promnorm_queue_retries_total";
 pub const QUEUE_REFUSED: &str = "promnorm_queue_refused_requests_total";
 pub const QUEUE_CORRUPT: &str = "promnorm_queue_corrupt_records_total";
 pub const TENANT_SAMPLES: &str = "promnorm_tenant_samples_total";
+pub const NATIVE_REBUCKETED: &str = "promnorm_native_histograms_rebucketed_total";
+pub const NATIVE_UNROLLED: &str = "promnorm_native_histograms_unrolled_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -425,6 +438,11 @@ pub fn samples_received(n: u64) {
 
 pub fn samples_forwarded(backend: &str, n: u64) {
     metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+}
+
+/// NHCB histograms sent to `backend` unrolled into classic series.
+pub fn native_histograms_unrolled(backend: &str, n: u64) {
+    metrics::counter!(NATIVE_UNROLLED, "backend" => backend.to_string()).increment(n);
 }
 
 pub fn samples_dropped(reason: &'static str, n: u64) {
@@ -556,6 +574,7 @@ pub fn backend_misconfigured(backend: &str, refused: bool) {
 /// routing drops (`tenancy`).
 pub fn register_backend(backend: &str, tenancy: bool) {
     metrics::counter!(BACKEND_SATURATED, "backend" => backend.to_string()).increment(0);
+    metrics::counter!(NATIVE_UNROLLED, "backend" => backend.to_string()).increment(0);
     if tenancy {
         for reason in ["no_tenant", "tenant_copies"] {
             metrics::counter!(METADATA_DROPPED, "backend" => backend.to_string(), "reason" => reason)
@@ -647,6 +666,12 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
     }
     if stats.native_unscaled > 0 {
         metrics::counter!(NATIVE_UNSCALED).increment(stats.native_unscaled);
+    }
+    for (i, n) in stats.native_rebucketed.iter().enumerate() {
+        if *n > 0 {
+            metrics::counter!(NATIVE_REBUCKETED, "pack" => rules.packs()[i].name.clone())
+                .increment(*n);
+        }
     }
     if !stats.renames.is_empty() {
         let now_ms = std::time::SystemTime::now()

@@ -388,3 +388,36 @@ fn an_unreachable_backend_is_named_at_start_and_in_the_answer() {
         "{answer}"
     );
 }
+
+#[test]
+fn explain_says_what_happens_to_native_histogram_series() {
+    let cfg = tmp(
+        "native.yaml",
+        "backends:\n  - {name: old, url: http://127.0.0.1:1/w}\n  - {name: new, url: http://127.0.0.1:1/w, protocol: v2}\n  - {name: raw, url: http://127.0.0.1:1/w, native_histograms: as_is}\n",
+    );
+    let (ok, out, err) = promnorm(&[
+        "explain",
+        "--config",
+        &cfg,
+        "vllm:model_forward_time_milliseconds",
+    ]);
+    assert!(ok, "{err}");
+    for want in [
+        "vllm:model_forward_time_milliseconds (native histogram series; a float series of this name: forwarded unchanged):",
+        "native histograms: custom bounds (NHCB) and sum ÷1000 (exact); exponential schemas: re-bucketed",
+        "→ vllm:model_forward_time_seconds\n",
+        "native histograms with custom buckets (NHCB) of vllm:model_forward_time_seconds, per backend:",
+        "old (protocol v1, native_histograms auto): unrolled into vllm:model_forward_time_seconds_bucket{le}",
+        "new (protocol v2, native_histograms auto): forwarded as NHCB (2.0)",
+        "raw (protocol v1, native_histograms as_is): forwarded as NHCB",
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    // A power of two shifts exponential buckets exactly.
+    let (ok, out, err) = promnorm(&["explain", "sglang:kv_transfer_total_mb"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("exponential schemas: bucket indices shift by 20·2^schema (exact)"),
+        "{out}"
+    );
+}

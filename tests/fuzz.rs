@@ -324,7 +324,12 @@ fn histogram(u: &mut Unstructured) -> arbitrary::Result<pb::Histogram> {
             Count::CountInt(u.arbitrary()?)
         }),
         sum: value(u)?,
-        schema: u.int_in_range(-5..=9)?,
+        // NHCB (-53) too: rescaled and unrolled like the exponential ones.
+        schema: if u.ratio(1, 4)? {
+            -53
+        } else {
+            u.int_in_range(-5..=9)?
+        },
         zero_threshold: value(u)?,
         zero_count: Some(if float {
             ZeroCount::ZeroCountFloat(value(u)?)
@@ -370,13 +375,32 @@ fn request(u: &mut Unstructured, c: &Corpus) -> arbitrary::Result<pb::WriteReque
                 timestamp,
             });
         }
-        let histograms = if u.ratio(1, 6)? {
+        let mut labels = labels;
+        let histograms: Vec<pb::Histogram> = if u.ratio(1, 6)? {
             (0..u.int_in_range(1..=2u8)?)
                 .map(|_| histogram(u))
                 .collect::<Result<_, _>>()?
         } else {
             Vec::new()
         };
+        // Native histograms under the packs' rescale rules (÷1000, ×2^20, ÷10^6).
+        if !histograms.is_empty() && u.ratio(1, 2)? {
+            let family = pick(
+                u,
+                &[
+                    "sglang:kv_transfer_latency_ms",
+                    "sglang:kv_transfer_total_mb",
+                    "vllm:model_forward_time_milliseconds",
+                    "dynamo_frontend_tokenizer_latency_ms",
+                    "mooncake_transfer_get_latency",
+                ]
+                .map(String::from),
+            )?
+            .to_string();
+            if let Some(l) = labels.iter_mut().find(|l| l.name == "__name__") {
+                l.value = family;
+            }
+        }
         let exemplars = if u.ratio(1, 8)? {
             vec![pb::Exemplar {
                 labels: labels_small(u)?,
@@ -597,6 +621,12 @@ impl Worker<'_> {
             &back, out,
             "compressed output differs from the encoded output"
         );
+        // NHCB unrolled for 1.0 backends: a valid request too.
+        if let Some((classic, _)) = self.ws.route_input().classic
+            && let Err(e) = pb::WriteRequest::decode(classic)
+        {
+            panic!("unrolled output is not a valid WriteRequest: {e}");
+        }
     }
 
     /// (a) the decoder alone, default and tight limits; (b) the pipeline.

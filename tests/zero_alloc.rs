@@ -9,6 +9,9 @@
 //!   requests as a 2.0 sender sends them), to a 1.0 and to a 2.0 backend (decode, map,
 //!   derive, the 1.0 body and the 2.0 body with its symbols table), and for 1.0 requests
 //!   to a 2.0 backend.
+//! - `zero_alloc_native_histograms_under_rescale`: the fleet's requests with a quarter
+//!   more series as native histograms under rescale rules (NHCB ÷1000, exponential
+//!   ÷1000 re-bucketed, exponential ×2^20 shifted; 20 % of the series), 1.0 and 2.0.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
 
 use promnorm::app::Assemble;
@@ -26,6 +29,8 @@ use prost::Message;
 
 #[path = "support/fleet.rs"]
 mod fleet;
+#[path = "support/native.rs"]
+mod native;
 
 struct Counting;
 
@@ -120,6 +125,30 @@ fn zero_alloc_pipeline_remote_write_2_0() {
         output_v2: true,
     };
     check_zero_alloc(&bodies, Config::embedded_default(), "1.0 in, 2.0 out", flow);
+}
+
+#[test]
+fn zero_alloc_native_histograms_under_rescale() {
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 100);
+    let (bodies, native) = native::with_native_histograms(&bodies);
+    assert!(native > 1000);
+    let v1 = Flow {
+        input: InputProtocol::V1,
+        output_v2: false,
+    };
+    check_zero_alloc(&bodies, Config::embedded_default(), "native, 1.0", v1);
+    let v2_bodies = as_v2(&bodies);
+    let v2 = Flow {
+        input: InputProtocol::V2,
+        output_v2: true,
+    };
+    check_zero_alloc(&v2_bodies, Config::embedded_default(), "native, 2.0", v2);
+    // The histograms were rewritten, not forwarded as they came.
+    let pipeline = Config::embedded_default().pipeline().unwrap();
+    let mut ws = pipeline.take_workspace();
+    pipeline.process(&mut ws, &bodies[0]).unwrap();
+    let stats = pipeline.stats(&ws);
+    assert!(stats.native_exact > 0 && stats.native_rebucketed.iter().sum::<u64>() > 0);
 }
 
 /// Which versions a run goes through.

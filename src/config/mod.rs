@@ -302,6 +302,21 @@ pub struct BackendConfig {
     /// (`tenancy: {enabled: false}` turns it off for this backend).
     #[serde(default)]
     pub tenancy: Option<TenancyConfig>,
+    /// What this backend gets of native histograms with custom buckets (NHCB):
+    /// `auto` (unrolled into classic series when sent as 1.0, kept in 2.0), `as_is`,
+    /// `classic` (unrolled in 1.0 and 2.0).
+    #[serde(default)]
+    pub native_histograms: NativeHistogramsConfig,
+}
+
+/// `backends[].native_histograms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NativeHistogramsConfig {
+    #[default]
+    Auto,
+    AsIs,
+    Classic,
 }
 
 /// Tenant routing (docs/tenancy.md): each request's series are split by the value of a
@@ -431,6 +446,7 @@ impl BackendConfig {
             queue: QueueConfig::default(),
             protocol: BackendProtocolConfig::default(),
             tenancy: None,
+            native_histograms: NativeHistogramsConfig::default(),
         }
     }
 

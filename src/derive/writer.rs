@@ -106,6 +106,7 @@ impl Writer {
                 memory: None,
                 limit_tenants: false,
                 sender: None,
+                classic: None,
             };
             let routed = self.forwarder.route(
                 &mapped,

@@ -36,6 +36,7 @@ pub struct HttpBackend {
     /// `protocol: auto` found the backend speaks only 1.0.
     fell_back: AtomicBool,
     tenancy: Option<TenancyOptions>,
+    native_histograms: super::NativeHistogramsPolicy,
     /// Requests in flight to this backend (`max_concurrent_requests`): tenant routing
     /// multiplies one sender's request by its tenants, and each request in flight holds
     /// a connection (a file descriptor, socket buffers).
@@ -206,6 +207,7 @@ impl HttpBackend {
             protocol: opts.protocol,
             fell_back: AtomicBool::new(false),
             tenancy: opts.tenancy,
+            native_histograms: opts.native_histograms,
             in_flight: Semaphore::new(max_concurrent),
             max_concurrent,
             saturated_status: opts.saturated_status,
@@ -443,6 +445,10 @@ impl Sink for HttpBackend {
 
     fn needs_v1(&self) -> bool {
         self.protocol != BackendProtocol::V2
+    }
+
+    fn native_histograms(&self) -> super::NativeHistogramsPolicy {
+        self.native_histograms
     }
 }
 

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 pub use http_backend::HttpBackend;
-pub use route::{Delivery, Mapped, RouteError, Routing, TenancyOptions};
+pub use route::{ClassicBody, Delivery, Mapped, RouteError, Routing, TenancyOptions};
 
 /// What one backend said about one request.
 #[derive(Debug, Clone)]
@@ -85,6 +85,19 @@ pub enum BackendProtocol {
     /// 2.0 until the backend shows it only speaks 1.0 (a `415`, or a `2xx` without the
     /// written headers); then 1.0 for good, and the refused request is sent again as 1.0.
     Auto,
+}
+
+/// What a backend gets of native histograms with custom buckets (NHCB)
+/// (`backends[].native_histograms`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NativeHistogramsPolicy {
+    /// Unrolled into classic series in the 1.0 body, kept in the 2.0 body.
+    #[default]
+    Auto,
+    /// Forwarded as they are.
+    AsIs,
+    /// Unrolled whichever protocol the backend takes.
+    Classic,
 }
 
 /// A request body ready to send: the bytes and the protocol they are in.
@@ -175,6 +188,11 @@ pub trait Sink: Send + Sync {
     /// The backend's tenant routing, when it has one.
     fn tenancy(&self) -> Option<&TenancyOptions> {
         None
+    }
+
+    /// What the backend gets of NHCB histograms (a wrapper must delegate this).
+    fn native_histograms(&self) -> NativeHistogramsPolicy {
+        NativeHistogramsPolicy::Auto
     }
 
     /// Opens what the sink keeps across requests (a queue's files, its senders); called
@@ -607,6 +625,7 @@ pub struct BackendOptions {
     /// The answer for a request not sent because the backend is saturated: the
     /// server's `throttle_status` (429, or 503 for senders that drop a 429).
     pub saturated_status: http::StatusCode,
+    pub native_histograms: NativeHistogramsPolicy,
 }
 
 #[derive(Clone, PartialEq)]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use super::{Outcome, Payload, Sink};
+use super::{NativeHistogramsPolicy, Outcome, Payload, Sink};
 use crate::wire::DecodeError;
 use crate::wire::bodies::{BodyEncoder, V2Output};
 use crate::wire::encode_v2::MetadataMemory;
@@ -66,6 +66,35 @@ pub struct Mapped<'a> {
     /// The sender's headers (its tenant header goes with series without a tenant);
     /// `None` for the derived writer's batches.
     pub sender: Option<&'a http::HeaderMap>,
+    /// `body` with its NHCB histograms unrolled into classic series, when it has some
+    /// (`backends[].native_histograms`).
+    pub classic: Option<ClassicBody<'a>>,
+}
+
+/// A mapped body with its NHCB histograms unrolled.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassicBody<'a> {
+    pub body: &'a [u8],
+    /// NHCB histograms unrolled.
+    pub histograms: u64,
+    /// Float samples written in their place.
+    pub samples: u64,
+}
+
+impl ClassicBody<'_> {
+    /// The samples of the unrolled body, for a body of `samples` samples.
+    fn samples_for(&self, samples: u64) -> u64 {
+        samples.saturating_sub(self.histograms) + self.samples
+    }
+}
+
+/// Which bodies (1.0, 2.0) a sink takes unrolled, for a request with NHCB.
+fn unrolls(sink: &dyn Sink) -> (bool, bool) {
+    match sink.native_histograms() {
+        NativeHistogramsPolicy::AsIs => (false, false),
+        NativeHistogramsPolicy::Auto => (true, false),
+        NativeHistogramsPolicy::Classic => (true, true),
+    }
 }
 
 /// Why a request could not be routed.
@@ -134,24 +163,31 @@ impl Routing {
     ) -> Result<(), RouteError> {
         out.clear();
         if !self.plain.is_empty() {
-            let wants_v2 = self.plain.iter().any(|&i| sinks[i].wants_v2());
-            let needs_v1 = self.plain.iter().any(|&i| sinks[i].needs_v1());
-            let payload = encode(
-                &mut *bodies,
-                mapped.body,
-                mapped,
-                mapped.v1,
-                needs_v1,
-                wants_v2,
-                mapped.samples,
-            )?;
-            for &i in &self.plain {
-                out.push(Delivery {
-                    sink: i,
-                    payload: payload.clone(),
-                    tenant: None,
-                    refused: None,
-                });
+            match mapped.classic {
+                None => {
+                    let wants_v2 = self.plain.iter().any(|&i| sinks[i].wants_v2());
+                    let needs_v1 = self.plain.iter().any(|&i| sinks[i].needs_v1());
+                    let payload = encode(
+                        &mut *bodies,
+                        mapped.body,
+                        mapped,
+                        mapped.v1,
+                        needs_v1,
+                        wants_v2,
+                        mapped.samples,
+                    )?;
+                    for &i in &self.plain {
+                        out.push(Delivery {
+                            sink: i,
+                            payload: payload.clone(),
+                            tenant: None,
+                            refused: None,
+                        });
+                    }
+                }
+                Some(classic) => {
+                    self.route_plain_unrolling(sinks, mapped, &classic, bodies, out)?
+                }
             }
         }
         for Tenanted {
@@ -177,67 +213,216 @@ impl Routing {
                 untenanted_ok: opts.fixed_header
                     || mapped.sender.is_some_and(|h| h.contains_key(&opts.header)),
             };
-            match split_scratch.split_routed(mapped.body, &split, &orphans) {
-                Ok(_) => {}
-                Err(SplitError::TooManyTenants(limit)) => {
-                    return Err(RouteError::TooManyTenants {
-                        limit,
-                        label: opts.label.clone(),
-                    });
-                }
-                Err(SplitError::Decode(e)) => return Err(e.into()),
+            let Some(classic) = mapped.classic else {
+                self.route_tenants(
+                    sinks,
+                    mapped,
+                    mapped.body,
+                    (opts, &split, &orphans),
+                    members,
+                    |_| true,
+                    split_scratch,
+                    bodies,
+                    out,
+                )?;
+                continue;
             };
-            for (reason, n) in [
-                ("no_tenant", split_scratch.metadata_dropped()),
-                ("tenant_copies", split_scratch.metadata_skipped()),
-            ] {
-                if n > 0 {
-                    for &i in members {
-                        crate::telemetry::metadata_dropped(sinks[i].name(), reason, n);
+            // With NHCB in the request, members that take them unrolled get a split of
+            // the unrolled body (`auto`: those sending 1.0 now), decided once per member
+            // (`wants_v2` may change while routing).
+            let unrolled_members: Vec<(usize, bool)> = members
+                .iter()
+                .map(|&i| {
+                    let (v1, v2) = unrolls(&*sinks[i]);
+                    (i, if sinks[i].wants_v2() { v2 } else { v1 })
+                })
+                .collect();
+            for (unrolled, body) in [(false, mapped.body), (true, classic.body)] {
+                let take = |i: usize| unrolled_members.contains(&(i, unrolled));
+                if !members.iter().any(|&i| take(i)) {
+                    continue;
+                }
+                self.route_tenants(
+                    sinks,
+                    mapped,
+                    body,
+                    (opts, &split, &orphans),
+                    members,
+                    take,
+                    split_scratch,
+                    bodies,
+                    out,
+                )?;
+                if unrolled {
+                    for &i in members.iter().filter(|&&i| take(i)) {
+                        crate::telemetry::native_histograms_unrolled(
+                            sinks[i].name(),
+                            classic.histograms,
+                        );
                     }
                 }
             }
-            let tenants = split_scratch.tenant_bodies();
-            let wants_v2 = members.iter().any(|&i| sinks[i].wants_v2());
-            let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
-            for tb in tenants {
-                let mut payload = encode(
-                    bodies, &tb.body, mapped, None, needs_v1, wants_v2, tb.samples,
-                )?;
-                let (tenant, refused) = match tb.tenant() {
-                    None => (None, None),
-                    Some(t) => {
-                        let shown = printable(t);
-                        match HeaderValue::from_bytes(t) {
-                            Ok(v) => {
-                                payload.tenant = Some(super::TenantHeader {
-                                    name: opts.header.clone(),
-                                    value: v,
-                                });
-                                (Some(shown), None)
-                            }
-                            Err(_) => {
-                                let refused = Outcome::Rejected {
-                                    status: StatusCode::BAD_REQUEST,
-                                    retry_after: None,
-                                    reason: format!(
-                                        "tenant \"{shown}\" (label {}) cannot be sent as header {}",
-                                        opts.label, opts.header
-                                    ),
-                                };
-                                (Some(shown), Some(refused))
-                            }
+        }
+        Ok(())
+    }
+
+    /// One payload per tenant of `body` for the members of one tenancy group that
+    /// `take`.
+    #[allow(clippy::too_many_arguments)]
+    fn route_tenants(
+        &self,
+        sinks: &[Arc<dyn Sink>],
+        mapped: &Mapped<'_>,
+        body: &[u8],
+        (opts, split, orphans): (&TenancyOptions, &SplitOptions<'_>, &Orphans<'_>),
+        members: &[usize],
+        take: impl Fn(usize) -> bool,
+        split_scratch: &mut TenantSplit,
+        bodies: &mut BodyEncoder,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), RouteError> {
+        match split_scratch.split_routed(body, split, orphans) {
+            Ok(_) => {}
+            Err(SplitError::TooManyTenants(limit)) => {
+                return Err(RouteError::TooManyTenants {
+                    limit,
+                    label: opts.label.clone(),
+                });
+            }
+            Err(SplitError::Decode(e)) => return Err(e.into()),
+        };
+        for (reason, n) in [
+            ("no_tenant", split_scratch.metadata_dropped()),
+            ("tenant_copies", split_scratch.metadata_skipped()),
+        ] {
+            if n > 0 {
+                for &i in members.iter().filter(|&&i| take(i)) {
+                    crate::telemetry::metadata_dropped(sinks[i].name(), reason, n);
+                }
+            }
+        }
+        let tenants = split_scratch.tenant_bodies();
+        let wants_v2 = members.iter().any(|&i| take(i) && sinks[i].wants_v2());
+        let needs_v1 = members.iter().any(|&i| take(i) && sinks[i].needs_v1());
+        for tb in tenants {
+            let mut payload = encode(
+                bodies, &tb.body, mapped, None, needs_v1, wants_v2, tb.samples,
+            )?;
+            let (tenant, refused) = match tb.tenant() {
+                None => (None, None),
+                Some(t) => {
+                    let shown = printable(t);
+                    match HeaderValue::from_bytes(t) {
+                        Ok(v) => {
+                            payload.tenant = Some(super::TenantHeader {
+                                name: opts.header.clone(),
+                                value: v,
+                            });
+                            (Some(shown), None)
+                        }
+                        Err(_) => {
+                            let refused = Outcome::Rejected {
+                                status: StatusCode::BAD_REQUEST,
+                                retry_after: None,
+                                reason: format!(
+                                    "tenant \"{shown}\" (label {}) cannot be sent as header {}",
+                                    opts.label, opts.header
+                                ),
+                            };
+                            (Some(shown), Some(refused))
                         }
                     }
-                };
-                for &i in members {
-                    out.push(Delivery {
-                        sink: i,
-                        payload: payload.clone(),
-                        tenant: tenant.clone(),
-                        refused: refused.clone(),
-                    });
                 }
+            };
+            for &i in members.iter().filter(|&&i| take(i)) {
+                out.push(Delivery {
+                    sink: i,
+                    payload: payload.clone(),
+                    tenant: tenant.clone(),
+                    refused: refused.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The plain sinks' payloads for a request with NHCB: one per distinct choice of
+    /// unrolled 1.0 / 2.0 body among them.
+    fn route_plain_unrolling(
+        &self,
+        sinks: &[Arc<dyn Sink>],
+        mapped: &Mapped<'_>,
+        classic: &ClassicBody<'_>,
+        bodies: &mut BodyEncoder,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), RouteError> {
+        for variant in [(false, false), (true, false), (true, true), (false, true)] {
+            let members: Vec<usize> = self
+                .plain
+                .iter()
+                .copied()
+                .filter(|&i| unrolls(&*sinks[i]) == variant)
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            let wants_v2 = members.iter().any(|&i| sinks[i].wants_v2());
+            let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
+            let pick = |unrolled: bool| if unrolled { classic.body } else { mapped.body };
+            let v1_samples = if variant.0 {
+                classic.samples_for(mapped.samples)
+            } else {
+                mapped.samples
+            };
+            let payload = if variant.0 == variant.1 {
+                let v1_done = if variant.0 { None } else { mapped.v1 };
+                encode(
+                    &mut *bodies,
+                    pick(variant.0),
+                    mapped,
+                    v1_done,
+                    needs_v1,
+                    wants_v2,
+                    v1_samples,
+                )?
+            } else {
+                // 1.0 from one body, 2.0 from the other.
+                let v1_done = if variant.0 { None } else { mapped.v1 };
+                let mut p = encode(
+                    &mut *bodies,
+                    pick(variant.0),
+                    mapped,
+                    v1_done,
+                    needs_v1,
+                    false,
+                    v1_samples,
+                )?;
+                if wants_v2 {
+                    let v2 = encode(&mut *bodies, pick(variant.1), mapped, None, false, true, 0)?;
+                    p.v2 = v2.v2;
+                    p.v2_series = v2.v2_series;
+                }
+                p
+            };
+            for &i in &members {
+                // `auto` unrolls for a backend sending 1.0: counted when it does.
+                let counted = match variant {
+                    (true, true) => true,
+                    (true, false) => !sinks[i].wants_v2(),
+                    _ => false,
+                };
+                if counted {
+                    crate::telemetry::native_histograms_unrolled(
+                        sinks[i].name(),
+                        classic.histograms,
+                    );
+                }
+                out.push(Delivery {
+                    sink: i,
+                    payload: payload.clone(),
+                    tenant: None,
+                    refused: None,
+                });
             }
         }
         Ok(())

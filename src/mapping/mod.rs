@@ -5,9 +5,11 @@ pub mod apply;
 pub mod cache;
 pub mod compile;
 pub mod meta;
+pub mod native;
 pub mod number;
 pub mod renames;
 pub mod spec;
+pub mod unroll;
 
 pub use apply::{
     CounterFamilies, MapContext, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,

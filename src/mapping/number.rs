@@ -59,6 +59,15 @@ impl Factor {
     }
 }
 
+/// `k` when `f` is exactly `2^k` (`×2^20`, `×4`, `÷1024`).
+pub fn power_of_two(f: Factor) -> Option<i32> {
+    match (f.num, f.den) {
+        (n, 1) if n.is_power_of_two() => Some(n.trailing_zeros() as i32),
+        (1, d) if d.is_power_of_two() => Some(-(d.trailing_zeros() as i32)),
+        _ => None,
+    }
+}
+
 /// `÷1000`, `×2^20`, `×4`, `÷10^6`, `×60`, `×3/2`: the exact factor as `explain` and
 /// rewritten HELP texts show it. Writes through the formatter only (no allocation).
 impl std::fmt::Display for Factor {

@@ -113,6 +113,19 @@ pub struct RuleSpec {
     /// Copy rules apply after every other phase, to the series as the other rules leave it.
     #[serde(default)]
     pub copy: bool,
+    /// What the rule does to the family's native histogram series: `follow` (default: the
+    /// same rename and rescale as the classic series) or `keep_unit` (forwarded unrenamed
+    /// in the old unit, counted in `promnorm_native_histograms_unscaled_total`).
+    #[serde(default)]
+    pub native_histograms: NativeHistograms,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NativeHistograms {
+    #[default]
+    Follow,
+    KeepUnit,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

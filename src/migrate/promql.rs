@@ -248,7 +248,7 @@ const UNITLESS: &[&str] = &[
     "pi",
 ];
 
-/// Native histogram functions: promnorm does not rename native histograms yet.
+/// Native histogram functions: their argument is a native histogram series.
 const NATIVE: &[&str] = &[
     "histogram_count",
     "histogram_sum",
@@ -965,54 +965,38 @@ impl Walk<'_> {
             constant: false,
             renames: std::mem::take(&mut renames),
         };
+        // Classic buckets carry the factor of `le`; a native histogram (named as its
+        // family) carries the factor of its values and bounds alike.
+        let hist = |i: usize| {
+            vals.get(i)
+                .map(|v| v.le.unwrap_or(v.factor))
+                .unwrap_or(Factor::ONE)
+        };
         if name == "histogram_quantile" {
-            let le = vals.get(1).and_then(|v| v.le);
-            if let Some(v) = vals.get(1)
-                && !v.factor.is_one()
-            {
-                // Bucket counts never carry a factor; keep it honest anyway.
-                self.note(
-                    Reason::Unsupported,
-                    "histogram_quantile over values that carry a factor".into(),
-                );
-            }
-            return out(le.unwrap_or(Factor::ONE), None);
+            let f = hist(1);
+            return out(f, None);
         }
         if name == "histogram_fraction" {
-            if let Some(le) = vals.get(2).and_then(|v| v.le) {
-                for i in 0..2 {
-                    if let Some(arg) = c.args.args.get_mut(i)
-                        && !self.scale_constant(arg, le)
-                    {
-                        self.note(
-                            Reason::Unsupported,
-                            "histogram_fraction with computed bounds over a rescaled histogram"
-                                .into(),
-                        );
-                    }
+            let f = hist(2);
+            for i in 0..2 {
+                if let Some(arg) = c.args.args.get_mut(i)
+                    && !self.scale_constant(arg, f)
+                {
+                    self.note(
+                        Reason::Unsupported,
+                        "histogram_fraction with computed bounds over a rescaled histogram".into(),
+                    );
                 }
             }
             return out(Factor::ONE, None);
         }
         if NATIVE.contains(&name) {
-            // A native histogram series is named as its family: rescaled when its
-            // classic buckets are.
-            let rescaled_family = c.args.args.iter().any(|a| {
-                selector_names(a).iter().any(|n| {
-                    self.plan(&format!("{n}_bucket")).is_some_and(|p| {
-                        p.steps
-                            .iter()
-                            .any(|s| matches!(s.action, Action::Scale { .. }))
-                    })
-                })
-            });
-            if rescaled_family || vals.iter().any(|v| !v.factor.is_one()) {
-                self.note(
-                    Reason::Unsupported,
-                    format!("{name}: native histograms of a rescaled family"),
-                );
-            }
-            return out(Factor::ONE, None);
+            let f = hist(0);
+            return match name {
+                "histogram_count" => out(Factor::ONE, None),
+                "histogram_stdvar" => out(f.then(f), None),
+                _ => out(f, None),
+            };
         }
         if UNITLESS.contains(&name) {
             return out(Factor::ONE, None);
@@ -1080,25 +1064,6 @@ impl Walk<'_> {
                 self.changed = true;
             }
         }
-    }
-}
-
-/// The metric names of the selectors in `e`.
-fn selector_names(e: &Expr) -> Vec<String> {
-    match e {
-        Expr::VectorSelector(vs) => vs.name.iter().cloned().collect(),
-        Expr::MatrixSelector(ms) => ms.vs.name.iter().cloned().collect(),
-        Expr::Paren(p) => selector_names(&p.expr),
-        Expr::Subquery(s) => selector_names(&s.expr),
-        Expr::Aggregate(a) => selector_names(&a.expr),
-        Expr::Call(c) => c.args.args.iter().flat_map(|a| selector_names(a)).collect(),
-        Expr::Binary(b) => {
-            let mut v = selector_names(&b.lhs);
-            v.extend(selector_names(&b.rhs));
-            v
-        }
-        Expr::Unary(u) => selector_names(&u.expr),
-        _ => Vec::new(),
     }
 }
 
@@ -1328,7 +1293,6 @@ rank_dedup:
             ("sum(rk_x)", Reason::RankDedup),
             (r#"rk_x{tp_rank="1"}"#, Reason::Dropped),
             ("sum(", Reason::ParseError),
-            ("histogram_sum(lat_ms)", Reason::Unsupported),
         ] {
             let r = rw(q, true);
             assert!(
@@ -1366,6 +1330,23 @@ rank_dedup:
             "{}",
             r.query
         );
+    }
+
+    #[test]
+    fn native_histograms_carry_their_factor() {
+        let r = rw("histogram_quantile(0.9, sum(rate(lat_ms[5m]))) > 250", true);
+        assert_eq!(
+            r.query,
+            "histogram_quantile(0.9, sum(rate(lat_seconds[5m]))) * 1000 > 250"
+        );
+        let r = rw(
+            "histogram_sum(rate(lat_ms[5m])) / histogram_count(rate(lat_ms[5m]))",
+            false,
+        );
+        assert_eq!(r.value_factor.map(|f| f.den), Some(1000));
+        let r = rw("histogram_fraction(0, 100, rate(lat_ms[5m]))", false);
+        assert_eq!(r.query, "histogram_fraction(0, 0.1, rate(lat_seconds[5m]))");
+        assert_eq!(r.value_factor, None);
     }
 
     #[test]

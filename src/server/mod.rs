@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::derive::writer::Writer;
-use crate::forward::{Forwarder, Mapped, Outcome, RouteError, verdict};
+use crate::forward::{ClassicBody, Forwarder, Mapped, Outcome, RouteError, verdict};
 use crate::pipeline::{InputProtocol, Pipeline};
 use crate::telemetry;
 
@@ -465,6 +465,11 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
                     memory: Some(st.pipeline.metadata_memory()),
                     limit_tenants: true,
                     sender: Some(&headers),
+                    classic: input.classic.map(|(body, u)| ClassicBody {
+                        body,
+                        histograms: u.histograms,
+                        samples: u.samples,
+                    }),
                 };
                 let routed =
                     st.forwarder

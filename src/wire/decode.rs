@@ -155,6 +155,8 @@ pub struct DecodedRequest {
     pub v2: bool,
     /// Some sample or histogram carries a start timestamp (2.0 only).
     pub has_start_timestamps: bool,
+    /// Some native histogram has custom buckets (NHCB, schema -53).
+    pub has_nhcb: bool,
     /// What the request occupies with every label spelled out: the input's size for
     /// 1.0; for 2.0, the input plus each resolved label and metadata text (see
     /// [`DecodeLimits::max_expanded_bytes`]).
@@ -176,6 +178,7 @@ impl DecodedRequest {
         self.metadata.clear();
         self.v2 = false;
         self.has_start_timestamps = false;
+        self.has_nhcb = false;
         self.expanded_bytes = 0;
         self.symbols.clear();
         self.refs.clear();
@@ -279,7 +282,8 @@ impl DecodedRequest {
                 4 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
                     let (s, e) = r.len_delimited()?;
-                    let timestamp = decode_histogram_timestamp(buf, s, e)?;
+                    let (timestamp, schema) = decode_histogram_timestamp(buf, s, e)?;
+                    self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
@@ -518,12 +522,18 @@ fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, Dec
     })
 }
 
-/// Walks a native histogram (checking it is well-formed) and returns its timestamp.
-fn decode_histogram_timestamp(buf: &[u8], start: usize, end: usize) -> Result<i64, DecodeError> {
+/// Walks a native histogram (checking it is well-formed) and returns its timestamp and
+/// schema.
+fn decode_histogram_timestamp(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+) -> Result<(i64, i32), DecodeError> {
     // A histogram is forwarded as its original bytes, so every field is checked here as
     // a protobuf decoder would: a malformed one would make the backend refuse the whole
     // request (found by tests/fuzz.rs).
     let mut timestamp = 0i64;
+    let mut schema = 0i32;
     let mut r = Reader::new(buf, start, end);
     while !r.is_done() {
         let (field, wire) = r.key()?;
@@ -532,7 +542,12 @@ fn decode_histogram_timestamp(buf: &[u8], start: usize, end: usize) -> Result<i6
                 r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
                 timestamp = r.varint()? as i64;
             }
-            1 | 4 | 6 | 14 => {
+            4 => {
+                r.expect(wire, WIRE_VARINT, "Histogram.schema")?;
+                let v = r.varint()?;
+                schema = ((v >> 1) as i64 ^ -((v & 1) as i64)) as i32;
+            }
+            1 | 6 | 14 => {
                 r.expect(wire, WIRE_VARINT, "Histogram integer")?;
                 r.varint()?;
             }
@@ -571,7 +586,7 @@ fn decode_histogram_timestamp(buf: &[u8], start: usize, end: usize) -> Result<i6
             _ => r.skip(wire)?,
         }
     }
-    Ok(timestamp)
+    Ok((timestamp, schema))
 }
 
 fn check_bucket_span(buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {

@@ -219,8 +219,9 @@ impl DecodedRequest {
                 3 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
                     let (s, e) = r.len_delimited()?;
-                    let (timestamp, start_ts) = decode_histogram_v2(buf, s, e)?;
+                    let (timestamp, start_ts, schema) = decode_histogram_v2(buf, s, e)?;
                     self.has_start_timestamps |= start_ts != 0;
+                    self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
@@ -419,11 +420,17 @@ fn decode_sample_v2(buf: &[u8], start: usize, end: usize) -> Result<SampleView, 
 
 /// Walks a 2.0 native histogram, checking every known field's wire type and packed
 /// contents (its bytes are forwarded, so they must be what a receiver can decode); returns its timestamp and
-/// start timestamp. Its bytes are a valid 1.0 `Histogram` (same field numbers; a 1.0
-/// receiver skips `start_timestamp`, field 17, which promnorm removes for 1.0 backends).
-fn decode_histogram_v2(buf: &[u8], start: usize, end: usize) -> Result<(i64, i64), DecodeError> {
+/// start timestamp and schema. Its bytes are a valid 1.0 `Histogram` (same field numbers;
+/// a 1.0 receiver skips `start_timestamp`, field 17, which promnorm removes for 1.0
+/// backends).
+fn decode_histogram_v2(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+) -> Result<(i64, i64, i32), DecodeError> {
     let mut timestamp = 0i64;
     let mut start_ts = 0i64;
+    let mut schema = 0i32;
     let mut r = Reader::new(buf, start, end);
     while !r.is_done() {
         let (field, wire) = r.key()?;
@@ -435,6 +442,11 @@ fn decode_histogram_v2(buf: &[u8], start: usize, end: usize) -> Result<(i64, i64
             17 => {
                 r.expect(wire, WIRE_VARINT, "Histogram.start_timestamp")?;
                 start_ts = r.varint()? as i64;
+            }
+            4 => {
+                r.expect(wire, WIRE_VARINT, "Histogram.schema")?;
+                let v = r.varint()?;
+                schema = ((v >> 1) as i64 ^ -((v & 1) as i64)) as i32;
             }
             // Bucket spans: messages of two varints.
             8 | 11 => {
@@ -475,7 +487,7 @@ fn decode_histogram_v2(buf: &[u8], start: usize, end: usize) -> Result<(i64, i64
             _ => r.skip(wire)?,
         }
     }
-    Ok((timestamp, start_ts))
+    Ok((timestamp, start_ts, schema))
 }
 
 #[cfg(test)]

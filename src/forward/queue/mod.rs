@@ -811,6 +811,10 @@ impl Sink for QueuedSink {
         self.inner.needs_v1()
     }
 
+    fn native_histograms(&self) -> super::NativeHistogramsPolicy {
+        self.inner.native_histograms()
+    }
+
     /// The backend decides: a queued request carries the 2.0 body when the backend takes
     /// 2.0 when it is queued (and the 1.0 body always, for `auto`'s fallback).
     fn wants_v2(&self) -> bool {

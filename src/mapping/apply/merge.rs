@@ -46,9 +46,10 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
         factor: Option<crate::mapping::number::Factor>,
-        exemplar_factor: Option<crate::mapping::number::Factor>,
+        scale: Option<(crate::mapping::number::Factor, u16)>,
         rank_label: Option<Str>,
     ) {
+        let exemplar_factor = scale.map(|(f, _)| f);
         // Samples (rescaled when a factor applies; stale markers never touched).
         let s_start = self.samples.len() as u32;
         for smp in &req.samples[s.samples.usize()] {
@@ -75,11 +76,15 @@ impl Mapper {
             });
         }
         let h_start = self.histograms.len() as u32;
-        for hi in s.histograms.usize() {
-            self.histograms.push(hi as u32);
-        }
-        if exemplar_factor.is_some() {
-            self.stats.native_unscaled += s.histograms.len() as u64;
+        for h in &req.histograms[s.histograms.usize()] {
+            let bytes = match scale {
+                Some((f, pack)) if !f.is_one() => self.rescale_native(buf, h.raw, f, pack),
+                _ => Str::In(h.raw),
+            };
+            self.histograms.push(HistOut {
+                timestamp: h.timestamp,
+                bytes,
+            });
         }
         let chunk = Chunk {
             samples: Range32 {
@@ -154,8 +159,8 @@ impl Mapper {
                         .map(|l| (l.name.bytes(buf), l.value.bytes(buf)));
                     w.exemplar(labels, ex.value_bits, ex.timestamp);
                 }
-                for &hi in &self.histograms[first.histograms.usize()] {
-                    w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
+                for h in &self.histograms[first.histograms.usize()] {
+                    w.histogram_raw(self.hist_bytes(h, buf));
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
                 if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
@@ -192,10 +197,8 @@ impl Mapper {
                 .extend_from_slice(&self.samples[ch.samples.usize()]);
             self.gather_ex
                 .extend_from_slice(&self.exemplars[ch.exemplars.usize()]);
-            for &hi in &self.histograms[ch.histograms.usize()] {
-                self.gather_hist
-                    .push((req.histograms[hi as usize].timestamp, hi));
-            }
+            self.gather_hist
+                .extend_from_slice(&self.histograms[ch.histograms.usize()]);
             c = ch.next;
         }
         // Stable sorts keep the first-received sample first among equal timestamps.
@@ -203,9 +206,9 @@ impl Mapper {
         let before = self.gather_samples.len();
         self.gather_samples.dedup_by_key(|s| s.timestamp);
         let mut dups = (before - self.gather_samples.len()) as u64;
-        self.gather_hist.sort_by_key(|h| h.0);
+        self.gather_hist.sort_by_key(|h| h.timestamp);
         let before = self.gather_hist.len();
-        self.gather_hist.dedup_by_key(|h| h.0);
+        self.gather_hist.dedup_by_key(|h| h.timestamp);
         dups += (before - self.gather_hist.len()) as u64;
         self.gather_ex.sort_by_key(|e| e.timestamp);
         self.gather_ex.dedup_by_key(|e| e.timestamp);
@@ -226,8 +229,8 @@ impl Mapper {
                 .map(|l| (l.name.bytes(buf), l.value.bytes(buf)));
             w.exemplar(labels, ex.value_bits, ex.timestamp);
         }
-        for &(_, hi) in &self.gather_hist {
-            w.histogram_raw(req.histograms[hi as usize].raw.bytes(buf));
+        for h in &self.gather_hist {
+            w.histogram_raw(self.hist_bytes(h, buf));
         }
         self.stats.histograms_out += self.gather_hist.len() as u64;
     }

@@ -82,6 +82,7 @@ impl Mapper {
             rescales: false,
             trace: vec![format!("metadata: {name} is a COUNTER: {name}_total")],
             copies: Vec::new(),
+            ..Plan::default()
         });
         self.total_fix_plans.insert(name, plan.clone());
         Resolved::Plan(plan)

@@ -9,6 +9,7 @@
 mod le;
 mod merge;
 mod metadata;
+mod native;
 mod stats;
 mod taps;
 mod work;
@@ -60,7 +61,11 @@ pub struct Mapper {
     chunks: Vec<Chunk>,
     samples: Vec<SampleView>,
     exemplars: Vec<ExemplarOut>,
-    histograms: Vec<u32>,
+    histograms: Vec<HistOut>,
+    /// Rewritten (rescaled) native histograms of this request.
+    hist_arena: Vec<u8>,
+    native: crate::wire::histogram::NativeHistogram,
+    native_scratch: Vec<(i64, f64)>,
     index: AHashMap<u64, u32>,
     hasher: ahash::RandomState,
     plan_cache: NameCache<Option<Arc<Plan>>>,
@@ -70,7 +75,7 @@ pub struct Mapper {
     meta_seen: AHashSet<u64>,
     le_styles: NameCache<FloatStyle>,
     gather_samples: Vec<SampleView>,
-    gather_hist: Vec<(i64, u32)>,
+    gather_hist: Vec<HistOut>,
     gather_ex: Vec<ExemplarOut>,
     series_buf: Vec<u8>,
     taps: Vec<Tapped>,
@@ -119,6 +124,19 @@ impl Mapper {
                     self.apply(None, buf, req, s);
                 }
                 Some(Resolved::Plan(plan)) => {
+                    let plan = match self.native_plan(plan, s) {
+                        Some(p) => p,
+                        None if s.canonical => {
+                            write_raw_series(out, s.raw.bytes(buf));
+                            self.count_out(s);
+                            self.tap_raw(taps, buf, req, s);
+                            continue;
+                        }
+                        None => {
+                            self.apply(None, buf, req, s);
+                            continue;
+                        }
+                    };
                     if plan.keep_original {
                         if s.canonical {
                             write_raw_series(out, s.raw.bytes(buf));
@@ -182,6 +200,7 @@ impl Mapper {
             });
         }
         let mut scale: Option<(super::number::Factor, ScaleTarget)> = None;
+        let mut scale_pack = 0u16;
         let mut renamed_by: Option<u16> = None;
         let mut name_changed = false;
         let mut rank_label: Option<Str> = None;
@@ -275,6 +294,7 @@ impl Mapper {
                             Some((f, _)) => (f.then(*factor), *target),
                             None => (*factor, *target),
                         });
+                        scale_pack = step.pack;
                         if let Some(c) = self.stats.rescaled.get_mut(step.pack as usize) {
                             *c += 1;
                         }
@@ -299,8 +319,26 @@ impl Mapper {
         self.finish_labels(buf);
         // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
-        self.insert(buf, req, s, value_factor, scale.map(|(f, _)| f), rank_label);
+        let scale = scale.map(|(f, _)| (f, scale_pack));
+        self.insert(buf, req, s, value_factor, scale, rank_label);
         true
+    }
+
+    /// The plan a series actually goes through: a histogram rule's plan for the plain
+    /// name applies only to series with native histograms; `keep_unit` leaves those
+    /// unrenamed (and counts them). `None`: no plan (the series passes as it is).
+    fn native_plan(&mut self, plan: Arc<Plan>, s: &SeriesView) -> Option<Arc<Plan>> {
+        if s.histograms.is_empty() {
+            if plan.native_only {
+                return plan.without_native.clone();
+            }
+            return Some(plan);
+        }
+        if plan.native_keep_unit {
+            self.stats.native_unscaled += s.histograms.len() as u64;
+            return None;
+        }
+        Some(plan)
     }
 }
 

@@ -9,7 +9,13 @@ pub struct MapStats {
     pub renamed: Vec<u64>,
     pub rescaled: Vec<u64>,
     pub collisions: u64,
+    /// Native histograms forwarded in their old unit under a rescale rule
+    /// (`native_histograms: keep_unit`, an unknown schema, indices out of range).
     pub native_unscaled: u64,
+    /// Native histograms rescaled exactly (NHCB bounds, exponential under 2^k).
+    pub native_exact: u64,
+    /// Native histograms re-bucketed into float histograms, per pack index.
+    pub native_rebucketed: Vec<u64>,
     /// Series given `_total` because their family's metadata says COUNTER.
     pub metadata_total_fixes: u64,
     pub series_out: u64,
@@ -31,6 +37,9 @@ impl MapStats {
         self.rescaled.resize(packs, 0);
         self.collisions = 0;
         self.native_unscaled = 0;
+        self.native_exact = 0;
+        self.native_rebucketed.clear();
+        self.native_rebucketed.resize(packs, 0);
         self.metadata_total_fixes = 0;
         self.series_out = 0;
         self.samples_out = 0;

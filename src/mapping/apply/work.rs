@@ -34,6 +34,14 @@ pub(super) struct Chunk {
     pub(super) next: u32,
 }
 
+/// A native histogram of the merge area: the input's bytes, or a rewritten one in
+/// [`Mapper`]'s histogram arena.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HistOut {
+    pub(super) timestamp: i64,
+    pub(super) bytes: Str,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ExemplarOut {
     pub(super) labels: Range32,
@@ -52,6 +60,7 @@ impl Mapper {
         self.samples.clear();
         self.exemplars.clear();
         self.histograms.clear();
+        self.hist_arena.clear();
         self.index.clear();
         self.meta_seen.clear();
         self.taps.clear();
@@ -65,6 +74,15 @@ impl Mapper {
         match s {
             Str::In(span) => span.bytes(buf),
             Str::Arena(a, b) => &self.arena[a as usize..b as usize],
+        }
+    }
+
+    /// A histogram's bytes: `Str::Arena` refers to the histogram arena.
+    #[inline]
+    pub(super) fn hist_bytes<'a>(&'a self, h: &HistOut, buf: &'a [u8]) -> &'a [u8] {
+        match h.bytes {
+            Str::In(span) => span.bytes(buf),
+            Str::Arena(a, b) => &self.hist_arena[a as usize..b as usize],
         }
     }
 

@@ -61,6 +61,8 @@ struct CompiledRule {
     drop_labels: Vec<Box<str>>,
     /// `copy: true`: the rule's result is a copy beside the series (phase `PHASE_COPY`).
     copy: bool,
+    /// `native_histograms: keep_unit`.
+    native_keep_unit: bool,
     describe: String,
 }
 

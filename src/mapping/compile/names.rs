@@ -60,11 +60,13 @@ pub(super) fn covered_names(f: &str, t: FamilyType) -> Vec<(String, Kind)> {
             (base.to_string(), Kind::Plain),
             (format!("{base}_info"), Kind::Plain),
         ],
+        // The plain name is the family's native histogram series.
         FamilyType::Histogram => vec![
             with(Kind::Bucket),
             with(Kind::Sum),
             with(Kind::Count),
             with(Kind::Created),
+            (base.to_string(), Kind::Native),
         ],
         FamilyType::Summary => vec![
             (base.to_string(), Kind::Plain),
@@ -99,6 +101,7 @@ pub(super) fn candidates(name: &str, t: FamilyType) -> Vec<(Kind, &str)> {
                     .into_iter()
                     .filter_map(strip),
             );
+            out.push((Kind::Native, name));
         }
         FamilyType::Summary => {
             out.extend(

@@ -6,7 +6,19 @@ impl Rules {
     /// Builds the plan for a series name by walking the phases; a rename in one phase
     /// makes later phases match the new name.
     pub fn plan_for(&self, name: &str) -> Option<Plan> {
+        let mut plan = self.plan_with(name, true)?;
+        if plan.native_only {
+            // What a float series of this name (no native histograms) goes through.
+            plan.without_native = self.plan_with(name, false).map(Arc::new);
+        }
+        Some(plan)
+    }
+
+    /// [`Rules::plan_for`], with histogram rules covering the plain name (the native
+    /// histogram series) or not.
+    fn plan_with(&self, name: &str, native: bool) -> Option<Plan> {
         let mut plan = Plan::default();
+        let (mut by_native, mut by_other) = (false, false);
         let mut cur = name.to_string();
         if self.drop_created && name.ends_with("_created") {
             plan.steps.push(Step {
@@ -27,6 +39,17 @@ impl Rules {
             let Some((kind, target_base)) = self.cover(r, &cur) else {
                 continue;
             };
+            if kind == Kind::Native {
+                if !native {
+                    continue;
+                }
+                by_native = true;
+            } else {
+                by_other = true;
+            }
+            if r.native_keep_unit && matches!(kind, Kind::Native | Kind::Plain) {
+                plan.native_keep_unit = true;
+            }
             if r.copy {
                 let copy = self.copy_plan(r, kind, &target_base, &cur, &plan);
                 plan.trace.extend(copy.trace.last().cloned());
@@ -54,6 +77,7 @@ impl Rules {
         if !phase_done_dedup {
             self.add_dedup(&cur, &mut plan);
         }
+        plan.native_only = by_native && !by_other;
         if plan.steps.is_empty() && plan.copies.is_empty() {
             return None;
         }
@@ -147,11 +171,14 @@ impl Rules {
         }
         if let Some(factor) = r.scale {
             let target = match kind {
-                Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
+                // A native histogram series' float samples (if any) are values; its
+                // histograms take the factor whatever the target (`apply::native`).
+                Kind::Plain | Kind::Total | Kind::Sum | Kind::Native => Some(ScaleTarget::Value),
                 Kind::Bucket => Some(ScaleTarget::Le),
                 Kind::Count | Kind::Created => None,
             };
             details.push(match target {
+                _ if kind == Kind::Native => native_scale_words(factor),
                 Some(ScaleTarget::Value) => format!("values {factor}"),
                 Some(ScaleTarget::Le) => {
                     format!("le values {factor} (bucket counts unchanged)")
@@ -163,6 +190,11 @@ impl Rules {
                 push(plan, Action::Scale { factor, target });
             }
             plan.rescales = true;
+            if r.native_keep_unit && matches!(kind, Kind::Native | Kind::Plain) {
+                details.push("native histograms: keep_unit (not renamed, counted)".into());
+            } else if kind == Kind::Plain && r.family_type == FamilyType::Any {
+                details.push(native_scale_words(factor));
+            }
         }
         let new_name = series_name(target_base, r.family_type, kind);
         let renamed = new_name != *cur;
@@ -331,4 +363,18 @@ impl Rules {
         let rule = plan.trace.join("; ");
         plan.rename_slot = Some(self.renames.slot(pack, name, &to.join("|"), &rule));
     }
+}
+
+/// What a rescale does to a native histogram series, in `explain`'s words.
+pub(super) fn native_scale_words(factor: Factor) -> String {
+    let exp = match super::super::number::power_of_two(factor) {
+        Some(k) => format!("exponential schemas: bucket indices shift by {k}·2^schema (exact)"),
+        None => format!(
+            "exponential schemas: re-bucketed into a float histogram ({factor} is no power \
+             of two; a quantile moves by at most one bucket width)"
+        ),
+    };
+    format!(
+        "native histograms: custom bounds (NHCB) and sum {factor} (exact); {exp}; zero threshold {factor}; counts unchanged"
+    )
 }

@@ -151,6 +151,7 @@ pub(super) fn compile_rule(
             .collect(),
         drop_labels: spec.drop_labels.iter().map(|s| s.as_str().into()).collect(),
         copy: spec.copy,
+        native_keep_unit: spec.native_histograms == super::super::spec::NativeHistograms::KeepUnit,
         describe,
     })
 }
@@ -209,6 +210,7 @@ pub(super) fn compile_otel(
             set_labels: Vec::new(),
             drop_labels: Vec::new(),
             copy: false,
+            native_keep_unit: false,
             describe: format!("otel instrument {}", o.name),
         })
         .collect()

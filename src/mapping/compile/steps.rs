@@ -12,6 +12,9 @@ pub enum Kind {
     Sum,
     Count,
     Created,
+    /// The plain name of a histogram family: its native histogram series (applied only
+    /// to series that carry native histograms).
+    Native,
 }
 
 impl Kind {
@@ -23,6 +26,7 @@ impl Kind {
             Kind::Sum => "_sum",
             Kind::Count => "_count",
             Kind::Created => "_created",
+            Kind::Native => "",
         }
     }
 }
@@ -92,8 +96,17 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Emit the untouched original beside the result (migration window).
     pub keep_original: bool,
-    /// The family is rescaled: native histograms cannot be, and are counted.
+    /// The family is rescaled.
     pub rescales: bool,
+    /// Every rule covering the name covers it as a histogram family's native series:
+    /// the plan applies only to series that carry native histograms (a float series of
+    /// that name passes as before).
+    pub native_only: bool,
+    /// A covering rule says `native_histograms: keep_unit`: a series carrying native
+    /// histograms passes unrenamed and is counted (`promnorm_native_histograms_unscaled_total`).
+    pub native_keep_unit: bool,
+    /// For a `native_only` plan: the plan of a series without native histograms.
+    pub without_native: Option<Arc<Plan>>,
     /// Human-readable trace of which rules applied, for `explain`.
     pub trace: Vec<String>,
     /// Copies emitted beside the series (`copy: true` rules).
