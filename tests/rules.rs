@@ -952,3 +952,67 @@ fn genai_copies_carry_metadata_beside_the_engine_family() {
     assert_eq!(out.metadata[1].help, "e2e");
     assert_eq!(out.metadata[5].help, "prompt");
 }
+
+/// A split value with its own `type`, `scale` and `unit` (the TensorRT-LLM Triton
+/// backend packs sub-metrics and their units into one label): each value's series get
+/// that value's factor and name, its metadata that type and unit; plain-name values and
+/// unlisted values are as before.
+#[test]
+fn split_values_carry_their_own_scale_type_and_unit() {
+    use pb::metric_metadata::MetricType as T;
+    let pack = r#"pack: mine
+rules:
+  - match: {family: packed}
+    type: gauge
+    split_by_label:
+      label: kind
+      names:
+        fraction: {name: packed_usage, unit: ratio}
+        counter: {name: packed_iterations, type: counter}
+        stamp_us: {name: packed_timestamp_seconds, scale: 1/1000000, unit: seconds}
+        plain: packed_plain
+"#;
+    let p = user_pack_pipeline("split-extras", pack, "none").unwrap();
+    let req = pb::WriteRequest {
+        timeseries: ["fraction", "counter", "stamp_us", "plain", "other"]
+            .iter()
+            .map(|k| series(&[("__name__", "packed"), ("kind", k)], &[(1500.0, 1)]))
+            .collect(),
+        metadata: vec![metadata("packed", T::Gauge, "Packed metrics", "")],
+    };
+    let out = run(&p, &req);
+    let value = |name: &str| {
+        let s = find(&out, name);
+        assert_eq!(s.len(), 1, "{name}: {:?}", out.timeseries);
+        assert!(s[0].labels.iter().all(|l| l.name != "kind"), "{name}");
+        s[0].samples[0].value
+    };
+    assert_eq!(value("packed_usage"), 1500.0);
+    assert_eq!(value("packed_iterations_total"), 1500.0);
+    assert_eq!(value("packed_timestamp_seconds"), 0.0015);
+    assert_eq!(value("packed_plain"), 1500.0);
+    assert_eq!(
+        find(&out, "packed").len(),
+        1,
+        "an unlisted value keeps the name"
+    );
+    let md = |name: &str| {
+        let m = metadata_of(&out, name);
+        assert_eq!(m.len(), 1, "{name}: {:?}", out.metadata);
+        (m[0].r#type, m[0].unit.clone())
+    };
+    assert_eq!(md("packed_usage"), (T::Gauge as i32, "ratio".into()));
+    assert_eq!(
+        md("packed_iterations_total"),
+        (T::Counter as i32, "".into())
+    );
+    assert_eq!(
+        md("packed_timestamp_seconds"),
+        (T::Gauge as i32, "seconds".into())
+    );
+    assert_eq!(md("packed_plain"), (T::Gauge as i32, "".into()));
+    // A bad factor on one value is an error naming it.
+    let bad = pack.replace("1/1000000", "\"0.5\"");
+    let err = user_pack_pipeline("split-bad", &bad, "none").err().unwrap();
+    assert!(err.contains("stamp_us"), "{err}");
+}

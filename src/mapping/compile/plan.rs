@@ -108,17 +108,37 @@ impl Rules {
                 },
             );
         }
-        if let Some((label, names)) = &r.split {
-            let names = names
-                .iter()
-                .map(|(v, base)| {
-                    (
-                        v.clone(),
-                        series_name(base, r.family_type, kind).into_boxed_str(),
-                    )
-                })
-                .collect::<Vec<(Box<str>, Box<str>)>>();
-            let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+        if let Some((label, split)) = &r.split {
+            let mut to: Vec<String> = Vec::with_capacity(split.len());
+            let mut names: Vec<(Box<str>, Box<str>)> = Vec::with_capacity(split.len());
+            for (v, base, out) in split {
+                let t = out.family_type.unwrap_or(r.family_type);
+                // A counter's `F_total` split into a gauge is the gauge's plain series.
+                let k = if kind == Kind::Total && t != FamilyType::Counter {
+                    Kind::Plain
+                } else {
+                    kind
+                };
+                let name = series_name(base, t, k);
+                let mut words = format!("{v} → {name}");
+                // This value's own factor: a Scale step only for series carrying it,
+                // before the split removes the label.
+                if let Some(factor) = out.scale
+                    && let Some(target) = scale_target(kind)
+                {
+                    words.push_str(&format!(" ({factor})"));
+                    let mut cond = when.to_vec();
+                    cond.push((label.clone(), v.clone()));
+                    plan.steps.push(Step {
+                        when: cond,
+                        action: Action::Scale { factor, target },
+                        pack,
+                    });
+                    plan.rescales = true;
+                }
+                to.push(words);
+                names.push((v.clone(), name.into_boxed_str()));
+            }
             details.push(format!(
                 "split by {label}: {}; other values keep the name",
                 to.join(", ")
@@ -128,6 +148,7 @@ impl Rules {
                 Action::SplitByLabel {
                     label: label.clone(),
                     names,
+                    outputs: split.iter().map(|(_, _, o)| o.clone()).collect(),
                 },
             );
         }
@@ -146,11 +167,7 @@ impl Rules {
             push(plan, Action::DropLabel(n.clone()));
         }
         if let Some(factor) = r.scale {
-            let target = match kind {
-                Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
-                Kind::Bucket => Some(ScaleTarget::Le),
-                Kind::Count | Kind::Created => None,
-            };
+            let target = scale_target(kind);
             details.push(match target {
                 Some(ScaleTarget::Value) => format!("values {factor}"),
                 Some(ScaleTarget::Le) => {
@@ -304,5 +321,14 @@ impl Rules {
                 None
             }
         }
+    }
+}
+
+/// What a factor rescales in a series of this kind (`None`: counts and timestamps).
+fn scale_target(kind: Kind) -> Option<ScaleTarget> {
+    match kind {
+        Kind::Plain | Kind::Total | Kind::Sum => Some(ScaleTarget::Value),
+        Kind::Bucket => Some(ScaleTarget::Le),
+        Kind::Count | Kind::Created => None,
     }
 }
