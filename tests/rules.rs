@@ -971,6 +971,13 @@ rules:
         counter: {name: packed_iterations, type: counter}
         stamp_us: {name: packed_timestamp_seconds, scale: 1/1000000, unit: seconds}
         plain: packed_plain
+  - match: {family: packed_c}
+    type: counter
+    split_by_label:
+      label: kind
+      names:
+        a: c_a
+        ms: {name: c_seconds, scale: 1/1000}
 "#;
     let p = user_pack_pipeline("split-extras", pack, "none").unwrap();
     let req = pb::WriteRequest {
@@ -980,6 +987,14 @@ rules:
             .collect(),
         metadata: vec![metadata("packed", T::Gauge, "Packed metrics", "")],
     };
+    let mut req = req;
+    // A counter family written without `_total`: the split names win over the `_total` fix.
+    for k in ["a", "ms", "other"] {
+        req.timeseries.push(series(
+            &[("__name__", "packed_c"), ("kind", k)],
+            &[(1500.0, 1)],
+        ));
+    }
     let out = run(&p, &req);
     let value = |name: &str| {
         let s = find(&out, name);
@@ -995,6 +1010,13 @@ rules:
         find(&out, "packed").len(),
         1,
         "an unlisted value keeps the name"
+    );
+    assert_eq!(value("c_a_total"), 1500.0);
+    assert_eq!(value("c_seconds_total"), 1.5);
+    assert_eq!(
+        find(&out, "packed_c_total").len(),
+        1,
+        "unlisted: the _total fix"
     );
     let md = |name: &str| {
         let m = metadata_of(&out, name);

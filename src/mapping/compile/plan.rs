@@ -108,6 +108,10 @@ impl Rules {
                 },
             );
         }
+        // Where the split's steps start: an implicit rename (a counter's `_total`) goes
+        // before them, so that it names the series the split leaves alone and does not
+        // overwrite the names the split gives.
+        let split_at = plan.steps.len();
         if let Some((label, split)) = &r.split {
             let mut to: Vec<String> = Vec::with_capacity(split.len());
             let mut names: Vec<(Box<str>, Box<str>)> = Vec::with_capacity(split.len());
@@ -184,7 +188,16 @@ impl Rules {
         let new_name = series_name(target_base, r.family_type, kind);
         let renamed = new_name != *cur;
         if renamed {
-            push(plan, Action::SetName(new_name.as_str().into()));
+            let step = Step {
+                when: when.to_vec(),
+                action: Action::SetName(new_name.as_str().into()),
+                pack,
+            };
+            if r.split.is_some() && r.rename.is_none() {
+                plan.steps.insert(split_at, step);
+            } else {
+                plan.steps.push(step);
+            }
             if self.packs[pack as usize].keep_original && !r.copy {
                 plan.keep_original = true;
             }
