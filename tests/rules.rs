@@ -1038,3 +1038,42 @@ rules:
     let err = user_pack_pipeline("split-bad", &bad, "none").err().unwrap();
     assert!(err.contains("stamp_us"), "{err}");
 }
+
+/// A series arriving under a name that an exact rule writes gets the prefix and regex
+/// rules that match that name too (before: only the collision merge): dcgm's Hostname
+/// rename on an already-rescaled name, SGLang's rank dedup on a migration's target name.
+#[test]
+fn names_rules_write_still_get_pattern_rules() {
+    let p = pipeline("");
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[
+                    ("__name__", "DCGM_FI_DEV_FB_USED_bytes"),
+                    ("Hostname", "h1"),
+                ],
+                &[(1.0, 1)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:num_prefill_inflight_queue_reqs"),
+                    ("tp_rank", "1"),
+                ],
+                &[(1.0, 1)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    let dcgm = find(&out, "DCGM_FI_DEV_FB_USED_bytes");
+    assert_eq!(dcgm.len(), 1);
+    assert!(
+        dcgm[0].labels.iter().any(|l| l.name == "hostname"),
+        "{:?}",
+        dcgm[0].labels
+    );
+    assert!(
+        find(&out, "sglang:num_prefill_inflight_queue_reqs").is_empty(),
+        "a logical family's tp_rank=1 is deduplicated"
+    );
+}

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// A split's (value, name) pairs and, per pair, its own type, unit and factor.
+type SplitNames<'a> = (&'a [(Box<str>, Box<str>)], &'a [SplitOutput]);
+
 /// What one linear plan (a series' own, or a copy's) makes of its family's metadata:
 /// `None` when it drops the family. Only unconditional steps count: metadata carries no
 /// labels to match. `strip` is the series suffix the family was probed with; `unit` the
@@ -13,7 +16,7 @@ pub(super) fn metadata_outputs(
     unit: Option<&str>,
 ) -> Option<Vec<MetadataOutput>> {
     let mut name: Option<&str> = None;
-    let mut split: Option<(&[(Box<str>, Box<str>)], &[SplitOutput])> = None;
+    let mut split: Option<SplitNames<'_>> = None;
     let mut factor = Factor::ONE;
     for s in steps.iter().filter(|s| s.when.is_empty()) {
         match &s.action {
