@@ -290,7 +290,7 @@ pub fn simulate(rules: &Rules, plan: &Plan, name: &str, labels: &[(String, Strin
                     work[i].1 = to.to_string();
                 }
             }
-            Action::SplitByLabel { label, names } => {
+            Action::SplitByLabel { label, names, .. } => {
                 if let Some(i) = find(&work, label)
                     && let Some((_, n)) = names.iter().find(|(v, _)| **v == work[i].1)
                 {

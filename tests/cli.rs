@@ -76,6 +76,62 @@ fn explain_shows_exact_factors_and_le_values() {
     }
 }
 
+/// The new engines' packs through `explain`: a split value's own factor and type, a
+/// deprecated llm-d name, Ray's prefix and missing `_total`, a TGI histogram family.
+#[test]
+fn explain_covers_the_new_engine_packs() {
+    for (query, want) in [
+        (
+            r#"nv_trt_llm_general_metrics{general_type="timestamp",model="m"}"#,
+            r#"result: nv_trt_llm_timestamp_seconds{model="m"} (values ÷10^6)"#,
+        ),
+        (
+            r#"nv_trt_llm_general_metrics{general_type="iteration_counter"}"#,
+            "result: nv_trt_llm_iterations_total",
+        ),
+        (
+            r#"nv_trt_llm_disaggregated_serving_metrics{disaggregated_serving_type="kv_cache_transfer_ms"}"#,
+            "result: nv_trt_llm_kv_cache_transfer_seconds_total (values ÷1000)",
+        ),
+        (
+            "nv_inference_request_duration_us",
+            "values ÷10^6 → nv_inference_request_duration_seconds_total",
+        ),
+        ("inference_pool_ready_pods", "→ llm_d_epp_ready_endpoints"),
+        ("inference_model_request_total", "→ llm_d_epp_request_total"),
+        ("ray_vllm:prompt_tokens", "→ vllm:prompt_tokens_total"),
+        (
+            "ray_vllm_num_requests_running",
+            "→ vllm:num_requests_running",
+        ),
+        (
+            "trtllm:e2e_request_latency_seconds_bucket",
+            "→ trtllm_e2e_request_latency_seconds_bucket",
+        ),
+        (
+            "tgi_request_duration",
+            "→ tgi_request_duration_seconds_bucket",
+        ),
+        ("tgi_request_count", "→ tgi_request_count_total"),
+        (
+            "llamacpp:prompt_tokens_seconds",
+            "→ llamacpp:prompt_tokens_per_second",
+        ),
+        (
+            "lmdeploy:gpu_cache_usage_perc",
+            "→ lmdeploy:kv_cache_usage_ratio",
+        ),
+        (
+            "sglang:prefetch_bandwidth_sum",
+            "values ×2^30 → sglang:prefetch_bandwidth_bytes_per_second_sum",
+        ),
+    ] {
+        let (ok, out, err) = promnorm(&["explain", query]);
+        assert!(ok, "{err}");
+        assert!(out.contains(want), "{query}: {want:?} in {out}");
+    }
+}
+
 #[test]
 fn explain_decides_label_dependent_rules_with_the_selector_labels() {
     let mine = tmp(

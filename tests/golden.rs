@@ -60,6 +60,19 @@ fn run_dumps(config: &Config, list: &Path, protocols: Protocols) -> String {
     out
 }
 
+/// One sample per series and timestamp: what a backend accepts (renames that land two
+/// inputs on one series must merge them, e.g. llm-d's deprecated twins).
+fn no_duplicate_samples(case: &Path, got: &str, failures: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    for l in got.lines().filter(|l| !l.starts_with('#')) {
+        let (series, rest) = l.rsplit_once(' ').map_or((l, ""), |(a, ts)| (a, ts));
+        let key = (series.rsplit_once(' ').map_or(series, |(s, _)| s), rest);
+        if !seen.insert(key) {
+            failures.push(format!("{}: two samples for {key:?}", case.display()));
+        }
+    }
+}
+
 fn check(expected: &Path, got: &str, failures: &mut Vec<String>) {
     if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
         std::fs::write(expected, got).unwrap();
@@ -136,6 +149,7 @@ fn golden_files_with(protocols: Protocols) {
                 path.display()
             );
             let got = run_case_with(&config, &scrapes, protocols);
+            no_duplicate_samples(path, &got, &mut failures);
             check(&path.join("expected.out"), &got, &mut failures);
             multi += 1;
         } else if path.extension().is_some_and(|x| x == "prom") {
@@ -144,6 +158,7 @@ fn golden_files_with(protocols: Protocols) {
                 std::slice::from_ref(path),
                 protocols,
             );
+            no_duplicate_samples(path, &got, &mut failures);
             check(&path.with_extension("out"), &got, &mut failures);
             single += 1;
         }
@@ -394,4 +409,56 @@ fn builtin_all_leaves_genai_off() {
     }
     let cfg = Config::parse("packs:\n  builtin: {genai: true}\n", "t.yaml").unwrap();
     assert!(run_case(&cfg, &[dump]).contains("gen_ai_server_request_duration_seconds_count"));
+}
+
+/// Drops of one scrape of `case` (its `N.prom`) under `config`, by reason.
+fn drops(config: &Config, scrape: &Path) -> std::collections::BTreeMap<String, u64> {
+    use prost::Message;
+    let pipeline = config.pipeline().expect("configuration is valid");
+    let text = std::fs::read_to_string(scrape).unwrap();
+    let parsed = promnorm::exposition::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let raw = promnorm::normalize::scrape_to_request(&parsed, 0).encode_to_vec();
+    let mut ws = pipeline.take_workspace();
+    pipeline.process_raw(&mut ws, &raw).unwrap();
+    let stats = pipeline.stats(&ws);
+    pipeline
+        .rules()
+        .reasons()
+        .iter()
+        .zip(stats.dropped.iter())
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| (r.clone(), *n))
+        .collect()
+}
+
+/// An llm-d EPP that writes every metric twice: by default the twins whose labels agree
+/// are merged and the second sample counted as `duplicate_timestamp`; with `llmd_twins`
+/// on, every deprecated twin is dropped before migration, counted under its own reason.
+/// An old EPP (deprecated names only) loses nothing by default.
+#[test]
+fn llmd_twins_are_merged_or_dropped_and_counted() {
+    let dir = golden_dir();
+    let both = dir.join("llmd/3.prom");
+    let legacy_only = dir.join("llmd/2.prom");
+    let default = Config::embedded_default();
+    let twins = Config::load(&dir.join("llmd_twins/config.yaml")).unwrap();
+    // Same-label twins in 3.prom: average_kv_cache_utilization, per_endpoint_queue_size,
+    // ready_endpoints and scheduler_attempts_total.
+    assert_eq!(
+        drops(&default, &both),
+        [("duplicate_timestamp".to_string(), 4)].into()
+    );
+    assert!(drops(&default, &legacy_only).is_empty());
+    let text = std::fs::read_to_string(&both).unwrap();
+    let legacy_samples = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("llm_d_epp_") && !l.is_empty())
+        .count() as u64;
+    assert_eq!(
+        drops(&twins, &both),
+        [("llmd_deprecated_twin".to_string(), legacy_samples)].into()
+    );
+    let out = run_case(&twins, &[both]);
+    assert!(out.lines().all(|l| l.starts_with("llm_d_epp_")), "{out}");
+    assert!(!out.contains("fairness_id=\"\"") && !out.contains("{model_name=\"food-review\"}"));
 }

@@ -952,3 +952,128 @@ fn genai_copies_carry_metadata_beside_the_engine_family() {
     assert_eq!(out.metadata[1].help, "e2e");
     assert_eq!(out.metadata[5].help, "prompt");
 }
+
+/// A split value with its own `type`, `scale` and `unit` (the TensorRT-LLM Triton
+/// backend packs sub-metrics and their units into one label): each value's series get
+/// that value's factor and name, its metadata that type and unit; plain-name values and
+/// unlisted values are as before.
+#[test]
+fn split_values_carry_their_own_scale_type_and_unit() {
+    use pb::metric_metadata::MetricType as T;
+    let pack = r#"pack: mine
+rules:
+  - match: {family: packed}
+    type: gauge
+    split_by_label:
+      label: kind
+      names:
+        fraction: {name: packed_usage, unit: ratio}
+        counter: {name: packed_iterations, type: counter}
+        stamp_us: {name: packed_timestamp_seconds, scale: 1/1000000, unit: seconds}
+        plain: packed_plain
+  - match: {family: packed_c}
+    type: counter
+    split_by_label:
+      label: kind
+      names:
+        a: c_a
+        ms: {name: c_seconds, scale: 1/1000}
+"#;
+    let p = user_pack_pipeline("split-extras", pack, "none").unwrap();
+    let req = pb::WriteRequest {
+        timeseries: ["fraction", "counter", "stamp_us", "plain", "other"]
+            .iter()
+            .map(|k| series(&[("__name__", "packed"), ("kind", k)], &[(1500.0, 1)]))
+            .collect(),
+        metadata: vec![metadata("packed", T::Gauge, "Packed metrics", "")],
+    };
+    let mut req = req;
+    // A counter family written without `_total`: the split names win over the `_total` fix.
+    for k in ["a", "ms", "other"] {
+        req.timeseries.push(series(
+            &[("__name__", "packed_c"), ("kind", k)],
+            &[(1500.0, 1)],
+        ));
+    }
+    let out = run(&p, &req);
+    let value = |name: &str| {
+        let s = find(&out, name);
+        assert_eq!(s.len(), 1, "{name}: {:?}", out.timeseries);
+        assert!(s[0].labels.iter().all(|l| l.name != "kind"), "{name}");
+        s[0].samples[0].value
+    };
+    assert_eq!(value("packed_usage"), 1500.0);
+    assert_eq!(value("packed_iterations_total"), 1500.0);
+    assert_eq!(value("packed_timestamp_seconds"), 0.0015);
+    assert_eq!(value("packed_plain"), 1500.0);
+    assert_eq!(
+        find(&out, "packed").len(),
+        1,
+        "an unlisted value keeps the name"
+    );
+    assert_eq!(value("c_a_total"), 1500.0);
+    assert_eq!(value("c_seconds_total"), 1.5);
+    assert_eq!(
+        find(&out, "packed_c_total").len(),
+        1,
+        "unlisted: the _total fix"
+    );
+    let md = |name: &str| {
+        let m = metadata_of(&out, name);
+        assert_eq!(m.len(), 1, "{name}: {:?}", out.metadata);
+        (m[0].r#type, m[0].unit.clone())
+    };
+    assert_eq!(md("packed_usage"), (T::Gauge as i32, "ratio".into()));
+    assert_eq!(
+        md("packed_iterations_total"),
+        (T::Counter as i32, "".into())
+    );
+    assert_eq!(
+        md("packed_timestamp_seconds"),
+        (T::Gauge as i32, "seconds".into())
+    );
+    assert_eq!(md("packed_plain"), (T::Gauge as i32, "".into()));
+    // A bad factor on one value is an error naming it.
+    let bad = pack.replace("1/1000000", "\"0.5\"");
+    let err = user_pack_pipeline("split-bad", &bad, "none").err().unwrap();
+    assert!(err.contains("stamp_us"), "{err}");
+}
+
+/// A series arriving under a name that an exact rule writes gets the prefix and regex
+/// rules that match that name too (before: only the collision merge): dcgm's Hostname
+/// rename on an already-rescaled name, SGLang's rank dedup on a migration's target name.
+#[test]
+fn names_rules_write_still_get_pattern_rules() {
+    let p = pipeline("");
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[
+                    ("__name__", "DCGM_FI_DEV_FB_USED_bytes"),
+                    ("Hostname", "h1"),
+                ],
+                &[(1.0, 1)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:num_prefill_inflight_queue_reqs"),
+                    ("tp_rank", "1"),
+                ],
+                &[(1.0, 1)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    let dcgm = find(&out, "DCGM_FI_DEV_FB_USED_bytes");
+    assert_eq!(dcgm.len(), 1);
+    assert!(
+        dcgm[0].labels.iter().any(|l| l.name == "hostname"),
+        "{:?}",
+        dcgm[0].labels
+    );
+    assert!(
+        find(&out, "sglang:num_prefill_inflight_queue_reqs").is_empty(),
+        "a logical family's tp_rank=1 is deduplicated"
+    );
+}

@@ -150,7 +150,41 @@ pub struct MatchSpec {
 #[serde(deny_unknown_fields)]
 pub struct SplitSpec {
     pub label: String,
-    pub names: BTreeMap<String, String>,
+    pub names: BTreeMap<String, SplitTarget>,
+}
+
+/// What one value of a split becomes: a family name, or a family name with its own
+/// type, factor and unit (exporters that pack sub-metrics *and their units* into a label
+/// value, such as the TensorRT-LLM Triton backend).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SplitTarget {
+    Name(String),
+    Full(SplitTargetSpec),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitTargetSpec {
+    pub name: String,
+    /// The type the split family is written as (default: the rule's).
+    #[serde(default, rename = "type")]
+    pub family_type: Option<FamilyType>,
+    /// Factor for this value's series only, after the rule's own `scale`.
+    #[serde(default)]
+    pub scale: Option<String>,
+    /// Unit of this family's forwarded metadata (default: the rule's).
+    #[serde(default)]
+    pub unit: Option<String>,
+}
+
+impl SplitTarget {
+    pub fn name(&self) -> &str {
+        match self {
+            SplitTarget::Name(n) => n,
+            SplitTarget::Full(f) => &f.name,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -561,6 +561,15 @@ impl Walk<'_> {
                 }
             }
         }
+        if plan.native_only && sim.name != name {
+            self.note(
+                Reason::Renamed,
+                format!(
+                    "{name} is a histogram family's own name: the rules rename its native \
+                     histogram series (a float series of this name keeps it)"
+                ),
+            );
+        }
         if plan.keep_original && sim.name != name {
             self.note(
                 Reason::Renamed,
@@ -663,7 +672,7 @@ impl Walk<'_> {
                 }
                 true
             }
-            Action::SplitByLabel { label, names } => {
+            Action::SplitByLabel { label, names, .. } => {
                 let pinned = sim
                     .matchers
                     .iter()

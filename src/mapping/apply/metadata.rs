@@ -141,7 +141,8 @@ impl Mapper {
                     }
                     None => md.help.bytes(buf),
                 };
-                write_metadata(out, md.metric_type, o.name.as_bytes(), help, unit);
+                let metric_type = o.family_type.and_then(wire_type).unwrap_or(md.metric_type);
+                write_metadata(out, metric_type, o.name.as_bytes(), help, unit);
                 self.stats.metadata_out += 1;
             }
         }
@@ -152,6 +153,19 @@ impl Mapper {
         let mut h = self.hasher.build_hasher();
         h.write(name);
         self.meta_seen.insert(h.finish())
+    }
+}
+
+/// The remote-write `MetricType` of a split value written with its own `type:`.
+fn wire_type(t: crate::mapping::spec::FamilyType) -> Option<i32> {
+    use crate::mapping::spec::FamilyType;
+    match t {
+        FamilyType::Any => None,
+        FamilyType::Counter => Some(1),
+        FamilyType::Gauge => Some(2),
+        FamilyType::Histogram => Some(3),
+        FamilyType::Summary => Some(5),
+        FamilyType::Info => Some(6),
     }
 }
 

@@ -242,7 +242,7 @@ impl Mapper {
                             renamed_by = Some(step.pack);
                         }
                     }
-                    Action::SplitByLabel { label, names } => {
+                    Action::SplitByLabel { label, names, .. } => {
                         if let Some(i) = self.find(buf, label.as_bytes()) {
                             let v = self.str_bytes(self.work[i].value, buf);
                             if let Some((_, n)) = names.iter().find(|(val, _)| val.as_bytes() == v)

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// A split's (value, name) pairs and, per pair, its own type, unit and factor.
+type SplitNames<'a> = (&'a [(Box<str>, Box<str>)], &'a [SplitOutput]);
+
 /// What one linear plan (a series' own, or a copy's) makes of its family's metadata:
 /// `None` when it drops the family. Only unconditional steps count: metadata carries no
 /// labels to match. `strip` is the series suffix the family was probed with; `unit` the
@@ -13,30 +16,37 @@ pub(super) fn metadata_outputs(
     unit: Option<&str>,
 ) -> Option<Vec<MetadataOutput>> {
     let mut name: Option<&str> = None;
-    let mut split: Option<&[(Box<str>, Box<str>)]> = None;
+    let mut split: Option<SplitNames<'_>> = None;
     let mut factor = Factor::ONE;
     for s in steps.iter().filter(|s| s.when.is_empty()) {
         match &s.action {
             Action::Drop(_) => return None,
             // A later rename renames split series too.
             Action::SetName(n) => (name, split) = (Some(&**n), None),
-            Action::SplitByLabel { names, .. } => split = Some(names),
+            Action::SplitByLabel { names, outputs, .. } => split = Some((names, outputs)),
             Action::Scale { factor: f, .. } => factor = factor.then(*f),
             _ => {}
         }
     }
     let strip = |n: &str| -> Box<str> { n.strip_suffix(strip).unwrap_or(n).into() };
-    let names: Vec<Box<str>> = match (split, name) {
+    let none = SplitOutput::default();
+    let names: Vec<(Box<str>, &SplitOutput)> = match (split, name) {
         // Each family a split produces; a series with a value the split does not
         // name keeps the old name, but carries no metadata of its own.
-        (Some(split), _) => split.iter().map(|(_, n)| strip(n)).collect(),
-        (None, Some(n)) => vec![strip(n)],
-        (None, None) => vec![family.into()],
+        (Some((split, outs)), _) => split
+            .iter()
+            .enumerate()
+            .map(|(i, (_, n))| (strip(n), outs.get(i).unwrap_or(&none)))
+            .collect(),
+        (None, Some(n)) => vec![(strip(n), &none)],
+        (None, None) => vec![(family.into(), &none)],
     };
-    let rescale = (!factor.is_one()).then_some(factor);
     let outputs = names
         .into_iter()
-        .map(|name| {
+        .map(|(name, out)| {
+            let factor = out.scale.map_or(factor, |f| factor.then(f));
+            let rescale = (!factor.is_one()).then_some(factor);
+            let unit = out.unit.as_deref().or(unit);
             let help_unit = rescale.and_then(|_| {
                 crate::mapping::meta::unit_of_name(&name)
                     .or_else(|| unit.and_then(crate::mapping::meta::unit_named))
@@ -52,6 +62,7 @@ pub(super) fn metadata_outputs(
                 unit,
                 rescale,
                 help_unit,
+                family_type: out.family_type,
             }
         })
         .collect();

@@ -66,8 +66,9 @@ struct CompiledRule {
     describe: String,
 }
 
-/// Label to split on, and value → new family base.
-type Split = (Box<str>, Vec<(Box<str>, String)>);
+/// Label to split on, and value → new family base (with that value's own type, factor
+/// and unit, if the rule gives them).
+type Split = (Box<str>, Vec<(Box<str>, String, SplitOutput)>);
 
 #[derive(Debug)]
 struct RankDedup {

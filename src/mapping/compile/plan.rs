@@ -132,17 +132,41 @@ impl Rules {
                 },
             );
         }
-        if let Some((label, names)) = &r.split {
-            let names = names
-                .iter()
-                .map(|(v, base)| {
-                    (
-                        v.clone(),
-                        series_name(base, r.family_type, kind).into_boxed_str(),
-                    )
-                })
-                .collect::<Vec<(Box<str>, Box<str>)>>();
-            let to: Vec<String> = names.iter().map(|(v, n)| format!("{v} → {n}")).collect();
+        // Where the split's steps start: an implicit rename (a counter's `_total`) goes
+        // before them, so that it names the series the split leaves alone and does not
+        // overwrite the names the split gives.
+        let split_at = plan.steps.len();
+        if let Some((label, split)) = &r.split {
+            let mut to: Vec<String> = Vec::with_capacity(split.len());
+            let mut names: Vec<(Box<str>, Box<str>)> = Vec::with_capacity(split.len());
+            for (v, base, out) in split {
+                let t = out.family_type.unwrap_or(r.family_type);
+                // A counter's `F_total` split into a gauge is the gauge's plain series.
+                let k = if kind == Kind::Total && t != FamilyType::Counter {
+                    Kind::Plain
+                } else {
+                    kind
+                };
+                let name = series_name(base, t, k);
+                let mut words = format!("{v} → {name}");
+                // This value's own factor: a Scale step only for series carrying it,
+                // before the split removes the label.
+                if let Some(factor) = out.scale
+                    && let Some(target) = scale_target(kind)
+                {
+                    words.push_str(&format!(" ({factor})"));
+                    let mut cond = when.to_vec();
+                    cond.push((label.clone(), v.clone()));
+                    plan.steps.push(Step {
+                        when: cond,
+                        action: Action::Scale { factor, target },
+                        pack,
+                    });
+                    plan.rescales = true;
+                }
+                to.push(words);
+                names.push((v.clone(), name.into_boxed_str()));
+            }
             details.push(format!(
                 "split by {label}: {}; other values keep the name",
                 to.join(", ")
@@ -152,6 +176,7 @@ impl Rules {
                 Action::SplitByLabel {
                     label: label.clone(),
                     names,
+                    outputs: split.iter().map(|(_, _, o)| o.clone()).collect(),
                 },
             );
         }
@@ -170,13 +195,7 @@ impl Rules {
             push(plan, Action::DropLabel(n.clone()));
         }
         if let Some(factor) = r.scale {
-            let target = match kind {
-                // A native histogram series' float samples (if any) are values; its
-                // histograms take the factor whatever the target (`apply::native`).
-                Kind::Plain | Kind::Total | Kind::Sum | Kind::Native => Some(ScaleTarget::Value),
-                Kind::Bucket => Some(ScaleTarget::Le),
-                Kind::Count | Kind::Created => None,
-            };
+            let target = scale_target(kind);
             details.push(match target {
                 _ if kind == Kind::Native => native_scale_words(factor),
                 Some(ScaleTarget::Value) => format!("values {factor}"),
@@ -199,7 +218,16 @@ impl Rules {
         let new_name = series_name(target_base, r.family_type, kind);
         let renamed = new_name != *cur;
         if renamed {
-            push(plan, Action::SetName(new_name.as_str().into()));
+            let step = Step {
+                when: when.to_vec(),
+                action: Action::SetName(new_name.as_str().into()),
+                pack,
+            };
+            if r.split.is_some() && r.rename.is_none() {
+                plan.steps.insert(split_at, step);
+            } else {
+                plan.steps.push(step);
+            }
             if self.packs[pack as usize].keep_original && !r.copy {
                 plan.keep_original = true;
             }
@@ -377,4 +405,15 @@ pub(super) fn native_scale_words(factor: Factor) -> String {
     format!(
         "native histograms: custom bounds (NHCB) and sum {factor} (exact); {exp}; zero threshold {factor}; counts unchanged"
     )
+}
+
+/// What a factor rescales in a series of this kind (`None`: counts and timestamps).
+fn scale_target(kind: Kind) -> Option<ScaleTarget> {
+    match kind {
+        // A native histogram series' float samples (if any) are values; its histograms
+        // take the factor whatever the target (`apply::native`).
+        Kind::Plain | Kind::Total | Kind::Sum | Kind::Native => Some(ScaleTarget::Value),
+        Kind::Bucket => Some(ScaleTarget::Le),
+        Kind::Count | Kind::Created => None,
+    }
 }

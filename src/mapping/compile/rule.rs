@@ -59,13 +59,26 @@ pub(super) fn compile_rule(
         if s.names.is_empty() {
             return Err(err("split_by_label needs names".into()));
         }
-        split = Some((
-            s.label.as_str().into(),
-            s.names
-                .iter()
-                .map(|(v, n)| (v.as_str().into(), n.clone()))
-                .collect(),
-        ));
+        let mut names = Vec::with_capacity(s.names.len());
+        for (v, t) in &s.names {
+            let mut out = SplitOutput::default();
+            if let crate::mapping::spec::SplitTarget::Full(f) = t {
+                out.family_type = f.family_type;
+                out.unit = f.unit.as_deref().map(Into::into);
+                out.scale = f
+                    .scale
+                    .as_deref()
+                    .map(Factor::parse)
+                    .transpose()
+                    .map_err(|e| err(format!("split_by_label value {v:?}: {e}")))?
+                    .filter(|f| !f.is_one());
+            }
+            if t.name().is_empty() {
+                return Err(err(format!("split_by_label value {v:?}: empty name")));
+            }
+            names.push((v.as_str().into(), t.name().to_string(), out));
+        }
+        split = Some((s.label.as_str().into(), names));
     }
     for (k, v) in spec.rename_labels.iter().chain(spec.set_labels.iter()) {
         if k.is_empty() || (v.is_empty() && !spec.set_labels.contains_key(k)) {

@@ -56,6 +56,9 @@ pub enum Action {
     SplitByLabel {
         label: Box<str>,
         names: Vec<(Box<str>, Box<str>)>,
+        /// Per entry of `names`: the split family's own type, unit and factor (metadata;
+        /// the factor is applied by a `Scale` step conditional on the value, before this).
+        outputs: Vec<SplitOutput>,
     },
     SetLabel {
         name: Box<str>,
@@ -75,6 +78,14 @@ pub enum Action {
     /// The series is emitted only if the step's `when` matches (a copy rule's labels):
     /// otherwise nothing is written and nothing is counted.
     OnlyIf,
+}
+
+/// What one value of a `split_by_label` is written as, beyond its name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SplitOutput {
+    pub family_type: Option<FamilyType>,
+    pub unit: Option<Box<str>>,
+    pub scale: Option<Factor>,
 }
 
 /// Index of the built-in drop reason `tp_rank_dedup` in [`Rules::reasons`].
@@ -143,6 +154,8 @@ pub struct MetadataOutput {
     pub rescale: Option<Factor>,
     /// … in this unit: the one its name states, else the rule's `unit:`.
     pub help_unit: Option<crate::mapping::meta::NameUnit>,
+    /// The type to write; `None`: the input's (a split value with its own `type:`).
+    pub family_type: Option<FamilyType>,
 }
 
 /// How a name resolves.
