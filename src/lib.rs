@@ -4,6 +4,9 @@
 //! series, state across requests) → [`wire`] (encode) → [`forward`]. [`pipeline`] ties the stages together on reusable buffers; [`server`]
 //! and [`normalize`] are its two front ends. See ARCHITECTURE.md.
 
+// Calls into the C library live in [`sys`], the one module allowed `unsafe`.
+#![deny(unsafe_code)]
+
 pub mod app;
 pub mod config;
 pub mod derive;
@@ -18,6 +21,7 @@ pub mod pipeline;
 pub mod reload;
 pub mod rules_export;
 pub mod server;
+pub mod sys;
 pub mod telemetry;
 pub mod wire;
 

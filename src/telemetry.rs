@@ -68,13 +68,10 @@ pub fn process_metrics_text() -> String {
     }
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: sysconf only reads a configuration value.
-        let (ticks, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_CLK_TCK),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
+        let (ticks, page) = (
+            crate::sys::clock_ticks_per_second(),
+            crate::sys::page_size(),
+        );
         if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
             && let Some((_, after_comm)) = stat.rsplit_once(") ")
         {
@@ -118,17 +115,12 @@ pub fn process_metrics_text() -> String {
                 dir.count() as f64,
             );
         }
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit only writes the struct we pass.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        if let Some((soft, _)) = crate::sys::fd_limits() {
             put(
                 "process_max_fds",
                 "gauge",
                 "Maximum number of open file descriptors.",
-                lim.rlim_cur as f64,
+                soft as f64,
             );
         }
     }

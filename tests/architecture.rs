@@ -229,3 +229,38 @@ fn every_mapping_file_is_a_built_in_pack() {
         );
     }
 }
+
+/// Issue 24: every call into the C library and every `unsafe` block lives in `src/sys.rs`
+/// (`#![deny(unsafe_code)]` on the crate enforces the second; this test both, and the
+/// binaries too).
+#[test]
+fn unsafe_code_and_libc_live_in_sys_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut violations = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if rel == Path::new("sys.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let unsafe_block = code.contains("unsafe ") || code.contains("unsafe{");
+            if unsafe_block || code.contains("libc::") {
+                violations.push(format!("{}:{}: {}", rel.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "outside src/sys.rs:\n{}",
+        violations.join("\n")
+    );
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    assert!(
+        lib.contains("#![deny(unsafe_code)]"),
+        "lib.rs denies unsafe code"
+    );
+}

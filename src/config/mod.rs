@@ -748,12 +748,7 @@ impl<'de> Deserialize<'de> for BuiltinPacks {
 
 /// Free bytes on the filesystem holding `dir` (for the start-up check of `max_bytes`).
 pub fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out pointer.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    crate::sys::free_bytes(dir)
 }
 
 /// Bytes of the files under `dir` (what a disk queue already holds).

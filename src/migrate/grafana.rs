@@ -440,8 +440,9 @@ mod tests {
 
     #[test]
     fn variables_are_rewritten_or_reported() {
-        let cfg = crate::config::Config::parse("", "default").expect("default");
-        let rules = crate::app::Assemble::compile_rules(&cfg).expect("packs");
+        let rules = crate::migrate::test_rules(
+            "pack: dcgm\nrules:\n  - match: {prefix: DCGM_}\n    rename_labels: {Hostname: hostname}\n  - match: {family: DCGM_FI_DEV_FB_USED}\n    type: gauge\n    rename: DCGM_FI_DEV_FB_USED_bytes\n    scale: \"1048576\"\n",
+        );
         let rw = QueryRewriter::new(&rules, false);
         let d = Dashboard {
             rw: &rw,

@@ -154,11 +154,7 @@ pub fn discard_rest(mut body: axum::body::Body, limit: usize, within: std::time:
 /// resident memory would then follow the largest burst ever seen rather than the bytes
 /// in flight, and the memory bound (README) would not hold.
 pub fn return_large_buffers_to_the_kernel() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes a tuning parameter of the allocator.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-    }
+    crate::sys::set_mmap_threshold(1 << 20);
 }
 
 /// Why a body could not be read.

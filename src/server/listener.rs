@@ -52,26 +52,8 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
 pub fn connections_allowed_by_fd_limit() -> Option<usize> {
     #[cfg(unix)]
     {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-                return None;
-            }
-            if lim.rlim_cur < lim.rlim_max {
-                let raised = libc::rlimit {
-                    rlim_cur: lim.rlim_max,
-                    rlim_max: lim.rlim_max,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                    lim.rlim_cur = lim.rlim_max;
-                }
-            }
-        }
-        let soft = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
+        let soft = crate::sys::raise_fd_limit()?;
+        let soft = usize::try_from(soft).unwrap_or(usize::MAX);
         Some(soft.saturating_sub(RESERVED_FDS).max(1))
     }
     #[cfg(not(unix))]

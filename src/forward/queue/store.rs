@@ -19,9 +19,10 @@ pub enum StoreError {
 
 impl From<std::io::Error> for StoreError {
     fn from(e: std::io::Error) -> Self {
-        match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => StoreError::NoSpace(e),
-            _ => StoreError::Io(e),
+        if crate::sys::is_no_space(&e) {
+            StoreError::NoSpace(e)
+        } else {
+            StoreError::Io(e)
         }
     }
 }
@@ -614,19 +615,21 @@ fn validate_cursor(dir: &Path, segments: &[u64]) -> Result<(u64, u64), String> {
 /// one queue would interleave records; the kernel releases it when the process dies),
 /// waiting up to `wait` for another holder to let go.
 fn lock_dir(dir: &Path, lock: &File, wait: Duration) -> Result<(), StoreError> {
-    use std::os::fd::AsRawFd;
     let deadline = std::time::Instant::now() + wait;
     let mut logged = false;
     loop {
-        // SAFETY: flock on a descriptor the caller owns.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            if logged {
-                tracing::info!(dir = %dir.display(), "queue directory released; opening it");
+        let err = match crate::sys::try_lock_exclusive(lock) {
+            Ok(true) => {
+                if logged {
+                    tracing::info!(dir = %dir.display(), "queue directory released; opening it");
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            Ok(false) if std::time::Instant::now() < deadline => None,
+            Ok(false) => Some("held by another process".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(err) = err {
             return Err(StoreError::Io(std::io::Error::other(format!(
                 "{} is in use by another process ({err})",
                 dir.display()
