@@ -570,7 +570,8 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     }
     #[cfg(unix)]
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
-    let app = crate::server::router_live(live, &cfg.write_paths);
+    let app =
+        crate::server::router_live(live.clone(), &cfg.write_paths).merge(crate::web::router(live));
     crate::server::run(
         listener,
         state,

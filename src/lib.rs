@@ -19,6 +19,7 @@ pub mod reload;
 pub mod rules_export;
 pub mod server;
 pub mod telemetry;
+pub mod web;
 pub mod wire;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
