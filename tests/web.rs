@@ -21,7 +21,8 @@ async fn start() -> (String, common::Recorded) {
     let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
     state.start_queues().expect("queues");
     let live = Arc::new(Live::new(state));
-    let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::web::router(live));
+    let app = router_live(live.clone(), &cfg.write_paths)
+        .merge(promnorm::web::router(live, &Default::default()));
     let addr = common::serve(app).await;
     (format!("http://{addr}"), rec)
 }
@@ -388,4 +389,165 @@ async fn pages_render_the_running_configuration_with_relative_links() {
         "{}",
         r.body
     );
+}
+
+/// The UI alone (no ingest routes) with `web` options, on a free port.
+async fn start_web(yaml_web: &str) -> String {
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nbackends:\n  - url: http://127.0.0.1:1/api/v1/write\n{yaml_web}"
+    );
+    let cfg = Config::parse(&yaml, "test.yaml").expect("config parses");
+    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let opts = promnorm::app::web_options(&cfg).expect("web options");
+    let live = Arc::new(Live::new(state));
+    let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::web::router(live, &opts));
+    format!("http://{}", common::serve(app).await)
+}
+
+async fn get_with(url: &str, headers: &[(&str, &str)]) -> common::HttpReply {
+    use axum::body::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = axum::http::Request::get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .expect("request");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    common::HttpReply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn a_route_prefix_moves_the_ui_and_its_links_still_reach_the_root() {
+    let base = start_web("web:\n  route_prefix: /ops/promnorm\n").await;
+    assert_eq!(get(&format!("{base}/")).await.status, 404);
+    assert_eq!(get(&format!("{base}/rules")).await.status, 404);
+    let r = get(&format!("{base}/ops/promnorm")).await;
+    assert_eq!(r.status, 308);
+    assert_eq!(r.headers["location"], "/ops/promnorm/");
+    let r = get(&format!("{base}/ops/promnorm/")).await;
+    assert_eq!(r.status, 200);
+    // /metrics stays at the server's root: two segments up from the UI's root.
+    assert!(r.body.contains("href=\"../../metrics\""), "{}", r.body);
+    assert!(r.body.contains("href=\"./rules\""), "{}", r.body);
+    let r = get(&format!("{base}/ops/promnorm/debug/normalize")).await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("href=\"../../../metrics\""), "{}", r.body);
+    assert!(
+        r.body.contains("href=\"../static/promnorm.css\""),
+        "{}",
+        r.body
+    );
+    let r = get(&format!(
+        "{base}/ops/promnorm/api/v1/explain?name=sglang%3Akv_transfer_latency_ms"
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(get(&format!("{base}/metrics")).await.status, 200);
+}
+
+#[tokio::test]
+async fn web_auth_protects_the_ui_and_not_the_rest() {
+    // SAFETY: set once, before the configuration reads it; no other test reads this name.
+    unsafe { std::env::set_var("PROMNORM_TEST_WEB_TOKEN", "s3cret") };
+    let base = start_web("web:\n  auth:\n    bearer_token: {env: PROMNORM_TEST_WEB_TOKEN}\n").await;
+    for path in [
+        "/",
+        "/rules",
+        "/api/v1/explain?name=up",
+        "/static/promnorm.css",
+    ] {
+        let r = get(&format!("{base}{path}")).await;
+        assert_eq!(r.status, 401, "{path}");
+        assert!(r.headers.contains_key("www-authenticate"));
+        let r = get_with(
+            &format!("{base}{path}"),
+            &[("Authorization", "Bearer wrong")],
+        )
+        .await;
+        assert_eq!(r.status, 401, "{path}");
+        let r = get_with(
+            &format!("{base}{path}"),
+            &[("Authorization", "bearer s3cret")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}");
+    }
+    let r = post(&format!("{base}/api/v1/normalize"), "x 1\n".into(), &[]).await;
+    assert_eq!(r.status, 401);
+    // The proxy's own endpoints are not the UI's.
+    assert_eq!(get(&format!("{base}/metrics")).await.status, 200);
+
+    let base = start_web(
+        "web:\n  auth:\n    basic: {username: ops, password: {env: PROMNORM_TEST_WEB_TOKEN}}\n",
+    )
+    .await;
+    let r = get(&format!("{base}/")).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        r.headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic")
+    );
+    // ops:s3cret
+    let r = get_with(
+        &format!("{base}/"),
+        &[("Authorization", "Basic b3BzOnMzY3JldA==")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = get_with(
+        &format!("{base}/"),
+        &[("Authorization", "Basic b3BzOnd3b25n")],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+}
+
+#[tokio::test]
+async fn web_disabled_serves_no_page() {
+    let base = start_web("web:\n  enabled: false\n").await;
+    assert_eq!(get(&format!("{base}/")).await.status, 404);
+    assert_eq!(
+        get(&format!("{base}/api/v1/explain?name=up")).await.status,
+        404
+    );
+    assert_eq!(get(&format!("{base}/-/healthy")).await.status, 200);
+}
+
+#[test]
+fn bad_web_settings_are_refused_and_a_reload_keeps_them() {
+    for (yaml, want) in [
+        ("web:\n  route_prefix: promnorm\n", "route_prefix"),
+        ("web:\n  route_prefix: /promnorm/\n", "route_prefix"),
+        ("web:\n  route_prefix: /a b\n", "route_prefix"),
+        ("web:\n  auth: {}\n", "exactly one"),
+        (
+            "web:\n  auth:\n    bearer_token: {env: PROMNORM_TEST_SURELY_UNSET_WEB}\n",
+            "PROMNORM_TEST_SURELY_UNSET_WEB",
+        ),
+    ] {
+        let e = Config::parse(yaml, "t.yaml")
+            .and_then(|c| c.check().map(|_| c))
+            .err()
+            .unwrap_or_else(|| panic!("{yaml:?} was accepted"));
+        assert!(e.to_string().contains(want), "{yaml:?}: {e}");
+    }
+    let running = Config::parse("", "t.yaml").unwrap();
+    let mut new = Config::parse("web:\n  route_prefix: /x\n", "t.yaml").unwrap();
+    let kept = promnorm::reload::keep_restart_settings(&running, &mut new);
+    assert_eq!(kept, ["web"]);
+    assert_eq!(new.web.route_prefix, None);
 }

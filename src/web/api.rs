@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use serde::Serialize;
 
+use super::Ui;
 use crate::explain::{self, Outcome};
 use crate::exposition::{self, ParseError};
 use crate::mapping::compile::ScaleTarget;
 use crate::normalize;
 use crate::pipeline::{Pipeline, PipelineLimits};
-use crate::server::{AppState, Live};
+use crate::server::AppState;
 
 /// The largest exposition text a dry run takes (`413` beyond, unread).
 pub const MAX_DRY_RUN_BYTES: usize = 1 << 20;
@@ -254,7 +255,7 @@ fn json_error(status: StatusCode, kind: &str, msg: &str) -> Response {
 
 /// `GET /api/v1/explain?name=QUERY`: the text `promnorm explain QUERY` prints, against
 /// the running configuration.
-pub(super) async fn explain(State(live): State<Arc<Live>>, uri: Uri) -> Response {
+pub(super) async fn explain(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let query = uri.query().and_then(|q| super::form_value(q, "name"));
     let Some(query) = query else {
         return json_error(
@@ -263,7 +264,7 @@ pub(super) async fn explain(State(live): State<Arc<Live>>, uri: Uri) -> Response
             "missing parameter name (a metric name or selector)",
         );
     };
-    let st = live.current();
+    let st = ui.live.current();
     match explain::explain(
         st.pipeline.rules(),
         st.pipeline.deriver().map(|d| &**d),
@@ -279,7 +280,7 @@ pub(super) async fn explain(State(live): State<Arc<Live>>, uri: Uri) -> Response
 
 /// `POST /api/v1/normalize`: exposition text in, `{input, output, trace}` out.
 pub(super) async fn normalize(
-    State(live): State<Arc<Live>>,
+    State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -313,7 +314,7 @@ pub(super) async fn normalize(
     if text.trim().is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "bad_data", "empty input");
     }
-    let st = live.current();
+    let st = ui.live.current();
     let run = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         dry_run(&st, &text)

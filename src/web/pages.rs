@@ -11,10 +11,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
+use super::Ui;
 use super::api::{BodyRefused, DryRunSlot, read_limited};
 use super::{MAX_DRY_RUN_BYTES, esc, form_value};
 use crate::explain;
-use crate::server::Live;
 
 const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0 1.5em 2em;color:#222}\
 nav{padding:.6em 0;border-bottom:1px solid #ccc;margin-bottom:1em}nav a{margin-right:1.2em}\
@@ -37,7 +37,10 @@ pub(super) async fn css() -> Response {
 
 /// One whole page; `base` leads from the page's path back to the UI's root ("./" or
 /// "../"), so every link stays relative.
-fn page(status: StatusCode, title: &str, base: &str, body: &str) -> Response {
+///
+/// `root` leads from the UI's root to the server's (`/metrics`): "" without a route
+/// prefix, "../" per segment of one.
+fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> Response {
     let mut html = String::with_capacity(body.len() + 1024);
     let _ = write!(
         html,
@@ -47,7 +50,7 @@ fn page(status: StatusCode, title: &str, base: &str, body: &str) -> Response {
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
          <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a>\
-         <a href=\"{base}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
+         <a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
     (
@@ -77,8 +80,8 @@ fn ago(d: Duration) -> String {
 }
 
 /// `/`: version, uptime, the last configuration load, packs, backends, derived state.
-pub(super) async fn status(State(live): State<Arc<Live>>) -> Response {
-    let st = live.current();
+pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
+    let st = ui.live.current();
     let mut b = String::new();
     let uptime = super::STARTED
         .get()
@@ -179,17 +182,18 @@ pub(super) async fn status(State(live): State<Arc<Live>>) -> Response {
         );
     }
     b.push_str(
-        "</table>\n<p>Own telemetry: <a href=\"metrics\">/metrics</a>, \
-         <a href=\"-/healthy\">/-/healthy</a>, <a href=\"-/ready\">/-/ready</a>, \
-         <a href=\"api/v1/renames\">/api/v1/renames</a>. Docs: docs/ui.md, docs/telemetry.md.</p>\n",
+        &"</table>\n<p>Own telemetry: <a href=\"{r}metrics\">/metrics</a>, \
+         <a href=\"{r}-/healthy\">/-/healthy</a>, <a href=\"{r}-/ready\">/-/ready</a>, \
+         <a href=\"{r}api/v1/renames\">/api/v1/renames</a>. Docs: docs/ui.md, docs/telemetry.md.</p>\n"
+            .replace("{r}", &ui.root),
     );
-    page(StatusCode::OK, "Status", "./", &b)
+    page(StatusCode::OK, "Status", "./", &ui.root, &b)
 }
 
 /// `/rules?q=NAME`: every rule of the running configuration in phase order; `q` keeps
 /// those whose names, pack or description contain it, `pack` those of one pack.
-pub(super) async fn rules(State(live): State<Arc<Live>>, uri: Uri) -> Response {
-    let st = live.current();
+pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
+    let st = ui.live.current();
     let query = uri.query().unwrap_or("");
     let q = form_value(query, "q").unwrap_or_default();
     let pack = form_value(query, "pack").unwrap_or_default();
@@ -226,12 +230,12 @@ pub(super) async fn rules(State(live): State<Arc<Live>>, uri: Uri) -> Response {
         );
     }
     b.push_str("</table>\n");
-    page(StatusCode::OK, "Rules", "./", &b)
+    page(StatusCode::OK, "Rules", "./", &ui.root, &b)
 }
 
 /// `/explain?name=QUERY`: the form, and what `promnorm explain QUERY` prints.
-pub(super) async fn explain(State(live): State<Arc<Live>>, uri: Uri) -> Response {
-    let st = live.current();
+pub(super) async fn explain(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
+    let st = ui.live.current();
     let name = uri
         .query()
         .and_then(|q| form_value(q, "name"))
@@ -263,34 +267,35 @@ pub(super) async fn explain(State(live): State<Arc<Live>>, uri: Uri) -> Response
         }
     }
     b.push_str("<p>The same as JSON: <code>GET api/v1/explain?name=…</code>.</p>\n");
-    page(status, "Explain", "./", &b)
+    page(status, "Explain", "./", &ui.root, &b)
 }
 
 const NORMALIZE_HELP: &str = "<p>Paste Prometheus text exposition (several metrics at once). \
 It runs through the running rules on a pipeline of its own: nothing is forwarded, derived \
 series are not computed. The same as JSON: <code>POST api/v1/normalize</code>.</p>\n";
 
-fn normalize_page(status: StatusCode, text: &str, result: &str) -> Response {
+fn normalize_page(ui: &Ui, status: StatusCode, text: &str, result: &str) -> Response {
     let b = format!(
         "{NORMALIZE_HELP}<form method=\"post\" action=\"normalize\">\
          <textarea name=\"text\" rows=\"12\">{}</textarea><br><button>Normalize</button></form>\n{result}",
         esc(text)
     );
-    page(status, "Normalize (dry run)", "../", &b)
+    page(status, "Normalize (dry run)", "../", &ui.root, &b)
 }
 
-pub(super) async fn normalize_form() -> Response {
-    normalize_page(StatusCode::OK, "", "")
+pub(super) async fn normalize_form(State(ui): State<Arc<Ui>>) -> Response {
+    normalize_page(&ui, StatusCode::OK, "", "")
 }
 
 /// `POST /debug/normalize` (a form): input and output side by side, then the trace.
 pub(super) async fn normalize_post(
-    State(live): State<Arc<Live>>,
+    State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let Some(slot) = DryRunSlot::take() else {
         return normalize_page(
+            &ui,
             StatusCode::TOO_MANY_REQUESTS,
             "",
             "<p class=\"bad\">Too many dry runs at once; retry later.</p>",
@@ -301,6 +306,7 @@ pub(super) async fn normalize_post(
         Ok(b) => b,
         Err(BodyRefused::TooLarge) => {
             return normalize_page(
+                &ui,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "",
                 &format!(
@@ -310,6 +316,7 @@ pub(super) async fn normalize_post(
         }
         Err(BodyRefused::Read(e)) => {
             return normalize_page(
+                &ui,
                 StatusCode::BAD_REQUEST,
                 "",
                 &format!("<p class=\"bad\">Reading the form: {}</p>", esc(&e)),
@@ -320,6 +327,7 @@ pub(super) async fn normalize_post(
     let text = form_value(&form, "text").unwrap_or_default();
     if text.len() > MAX_DRY_RUN_BYTES {
         return normalize_page(
+            &ui,
             StatusCode::PAYLOAD_TOO_LARGE,
             "",
             &format!(
@@ -329,12 +337,13 @@ pub(super) async fn normalize_post(
     }
     if text.trim().is_empty() {
         return normalize_page(
+            &ui,
             StatusCode::BAD_REQUEST,
             "",
             "<p class=\"bad\" id=\"error\">Empty input.</p>",
         );
     }
-    let st = live.current();
+    let st = ui.live.current();
     let run = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let r = super::dry_run(&st, &text);
@@ -343,6 +352,7 @@ pub(super) async fn normalize_post(
     .await;
     let Ok((text, run)) = run else {
         return normalize_page(
+            &ui,
             StatusCode::INTERNAL_SERVER_ERROR,
             "",
             "<p class=\"bad\">The dry run failed.</p>",
@@ -352,6 +362,7 @@ pub(super) async fn normalize_post(
         Ok(r) => r,
         Err(e) => {
             return normalize_page(
+                &ui,
                 StatusCode::BAD_REQUEST,
                 &text,
                 &format!("<p class=\"bad\" id=\"error\">{}</p>", esc(&e.to_string())),
@@ -411,5 +422,5 @@ pub(super) async fn normalize_post(
         );
     }
     out.push_str("</table>\n");
-    normalize_page(StatusCode::OK, &text, &out)
+    normalize_page(&ui, StatusCode::OK, &text, &out)
 }
