@@ -200,6 +200,19 @@ pub fn esc(s: &str) -> String {
     out
 }
 
+/// Percent-encodes `s` for a query string value.
+pub(crate) fn url_enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The value of `key` in a query string or an `application/x-www-form-urlencoded` body.
 pub(crate) fn form_value(form: &str, key: &str) -> Option<String> {
     form.split('&').find_map(|pair| {
@@ -265,5 +278,10 @@ mod tests {
         assert_eq!(form_value(f, "bad").as_deref(), Some("%zz%4"));
         assert_eq!(form_value(f, "missing"), None);
         assert_eq!(form_value("x", "x").as_deref(), Some(""));
+        let odd = "a b&c=d\"<é";
+        assert_eq!(
+            form_value(&format!("k={}", url_enc(odd)), "k").as_deref(),
+            Some(odd)
+        );
     }
 }

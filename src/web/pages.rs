@@ -135,8 +135,8 @@ pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
         let n = list.iter().filter(|r| r.pack == p.name).count();
         let _ = write!(
             b,
-            "<tr><td><a href=\"rules?q=&amp;pack={}\">{}</a></td><td>{n}</td><td>{}</td></tr>",
-            esc(&p.name),
+            "<tr><td><a href=\"rules?pack={}\">{}</a></td><td>{n}</td><td>{}</td></tr>",
+            esc(&super::url_enc(&p.name)),
             esc(&p.name),
             p.keep_original
         );
