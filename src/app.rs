@@ -489,6 +489,9 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
             .transpose()?,
         throttle_status: http::StatusCode::from_u16(cfg.server.throttle_status)
             .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
+        config_text: cfg
+            .to_annotated_yaml(&sizing)
+            .unwrap_or_else(|e| format!("# the configuration cannot be printed: {e}\n")),
     })
 }
 

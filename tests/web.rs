@@ -551,3 +551,28 @@ fn bad_web_settings_are_refused_and_a_reload_keeps_them() {
     assert_eq!(kept, ["web"]);
     assert_eq!(new.web.route_prefix, None);
 }
+
+#[tokio::test]
+async fn the_status_page_shows_the_effective_configuration_without_secrets() {
+    // SAFETY: set before the configuration reads it; no other test reads this name.
+    unsafe { std::env::set_var("PROMNORM_TEST_WEB_INGEST", "ingest-s3cret-<b>") };
+    let base = start_web("ingest_auth:\n  bearer_token: {env: PROMNORM_TEST_WEB_INGEST}\n").await;
+    let r = get(&format!("{base}/")).await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("<pre id=\"config\">"), "{}", r.body);
+    assert!(r.body.contains("PROMNORM_TEST_WEB_INGEST"), "{}", r.body);
+    assert!(r.body.contains("max_body_bytes"), "{}", r.body);
+    assert!(!r.body.contains("s3cret"), "{}", r.body);
+
+    // A password written in a backend URL is redacted too.
+    let yaml =
+        "listen: 127.0.0.1:0\nbackends:\n  - url: http://ops:hunter2@127.0.0.1:1/api/v1/write\n";
+    let cfg = Config::parse(yaml, "test.yaml").expect("config parses");
+    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let live = Arc::new(Live::new(state));
+    let app = promnorm::web::router(live, &Default::default());
+    let base = format!("http://{}", common::serve(app).await);
+    let r = get(&format!("{base}/")).await;
+    assert!(r.body.contains("127.0.0.1:1"), "{}", r.body);
+    assert!(!r.body.contains("hunter2"), "{}", r.body);
+}

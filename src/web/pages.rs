@@ -128,7 +128,14 @@ pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
         }
         None => b.push_str("<tr><th>Derived series</th><td>off</td></tr>"),
     }
-    b.push_str("</table>\n<h2>Packs</h2>\n<table><tr><th>Pack</th><th>Rules</th><th>keep_original</th></tr>");
+    b.push_str("</table>\n");
+    let _ = write!(
+        b,
+        "<details><summary>Effective configuration (as <code>promnorm check-config --print</code> \
+         writes it; secrets hidden)</summary><pre id=\"config\">{}</pre></details>\n",
+        esc(&st.config_text)
+    );
+    b.push_str("<h2>Packs</h2>\n<table><tr><th>Pack</th><th>Rules</th><th>keep_original</th></tr>");
     let rules = st.pipeline.rules();
     let list = rules.rule_list();
     for p in rules.packs() {
