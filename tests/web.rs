@@ -377,6 +377,51 @@ async fn pages_render_the_running_configuration_with_relative_links() {
     assert!(some.contains("sglang:kv_transfer_latency_ms"), "{some}");
     assert!(!some.contains("vllm:"), "{some}");
 
+    // Per-rule counts since start, for rules that rename (the cut-over tracking).
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[
+                    ("__name__", "sglang:kv_transfer_latency_ms"),
+                    ("engine", "a"),
+                ],
+                &[(250.0, 1), (260.0, 2)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:kv_transfer_latency_ms"),
+                    ("engine", "b"),
+                ],
+                &[(250.0, 1)],
+            ),
+        ],
+        ..Default::default()
+    };
+    let r = post(
+        &format!("{base}/api/v1/write"),
+        common::encode(&req),
+        RW_HEADERS,
+    )
+    .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let page = get(&format!("{base}/rules?q=kv_transfer_latency_ms"))
+        .await
+        .body;
+    let row = page
+        .lines()
+        .flat_map(|l| l.split("<tr>"))
+        .find(|r| r.contains("sglang:kv_transfer_latency_ms</code>"))
+        .unwrap_or_else(|| panic!("no row: {page}"));
+    assert!(row.contains("<td>3</td>"), "{row}");
+    assert!(row.contains("s ago</td>"), "{row}");
+    let untouched = get(&format!("{base}/rules?q=kv_transfer_bootstrap_ms"))
+        .await
+        .body;
+    assert!(
+        untouched.contains("<td>0</td><td>not since start</td>"),
+        "{untouched}"
+    );
+
     // The explain page shows the same text as the API.
     let r = get(&format!(
         "{base}/explain?name={}",

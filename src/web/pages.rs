@@ -129,10 +129,10 @@ pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
         None => b.push_str("<tr><th>Derived series</th><td>off</td></tr>"),
     }
     b.push_str("</table>\n");
-    let _ = write!(
+    let _ = writeln!(
         b,
         "<details><summary>Effective configuration (as <code>promnorm check-config --print</code> \
-         writes it; secrets hidden)</summary><pre id=\"config\">{}</pre></details>\n",
+         writes it; secrets hidden)</summary><pre id=\"config\">{}</pre></details>",
         esc(&st.config_text)
     );
     b.push_str("<h2>Packs</h2>\n<table><tr><th>Pack</th><th>Rules</th><th>keep_original</th></tr>");
@@ -205,6 +205,10 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let q = form_value(query, "q").unwrap_or_default();
     let pack = form_value(query, "pack").unwrap_or_default();
     let list = st.pipeline.rules().rule_list();
+    let renamed = st.pipeline.rules().renames().snapshot();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let mut b = format!(
         "<form method=\"get\" action=\"rules\"><label>Filter <input name=\"q\" value=\"{}\" \
          size=\"40\"></label> <button>Filter</button></form>\n",
@@ -217,7 +221,8 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         .collect();
     let _ = write!(
         b,
-        "<p>{} of {} rules{}.</p>\n<table><tr><th>Phase</th><th>Pack</th><th>Rule</th><th>Matches</th></tr>",
+        "<p>{} of {} rules{}.</p>\n<table><tr><th>Phase</th><th>Pack</th><th>Rule</th><th>Matches</th>\
+         <th>Samples renamed since start</th><th>Last seen</th></tr>",
         shown.len(),
         list.len(),
         if pack.is_empty() {
@@ -227,17 +232,50 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         }
     );
     for r in shown {
+        // The cut-over tracking (`/api/v1/renames`) counts per renamed name, keyed by the
+        // plan's trace: a rule's own counts are those of the traces that name it.
+        let (samples, last) = renamed
+            .iter()
+            .filter(|x| names_rule(&x.rule, &r.describe))
+            .fold((None::<u64>, None::<f64>), |(n, t), x| {
+                (
+                    Some(n.unwrap_or(0) + x.samples),
+                    match (t, x.last_seen) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    },
+                )
+            });
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
             r.phase,
             esc(&r.pack),
             esc(&r.describe),
-            esc(&r.matches)
+            esc(&r.matches),
+            samples.map_or_else(|| "-".to_string(), |n| n.to_string()),
+            match (samples, last) {
+                (_, Some(t)) => format!("{} ago", ago(Duration::from_secs_f64((now - t).max(0.0)))),
+                (Some(_), None) => "not since start".into(),
+                (None, _) => "-".into(),
+            }
         );
     }
-    b.push_str("</table>\n");
+    b.push_str(
+        "</table>\n<p>Samples are counted for rules that rename (the cut-over tracking, \
+         <code>api/v1/renames</code>); other rules show -.</p>\n",
+    );
     page(StatusCode::OK, "Rules", "./", &ui.root, &b)
+}
+
+/// Whether a plan's trace (`a; b`) has a line of the rule `describe` (`pack P rule N`
+/// is not `pack P rule N0`).
+fn names_rule(trace: &str, describe: &str) -> bool {
+    trace.match_indices(describe).any(|(i, _)| {
+        let starts_line = i == 0 || trace[..i].ends_with("; ");
+        let next = trace[i + describe.len()..].chars().next();
+        starts_line && matches!(next, None | Some(':' | ';' | ' '))
+    })
 }
 
 /// `/explain?name=QUERY`: the form, and what `promnorm explain QUERY` prints.
@@ -430,4 +468,20 @@ pub(super) async fn normalize_post(
     }
     out.push_str("</table>\n");
     normalize_page(&ui, StatusCode::OK, &text, &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_rule;
+
+    #[test]
+    fn a_trace_names_a_rule_by_its_whole_number() {
+        let trace = "pack p: logical family; pack p rule 10: values ÷1000 → x";
+        assert!(names_rule(trace, "pack p rule 10"));
+        assert!(!names_rule(trace, "pack p rule 1"));
+        assert!(names_rule("pack p rule 1 → y", "pack p rule 1"));
+        assert!(names_rule("pack p rule 1", "pack p rule 1"));
+        assert!(!names_rule("pack pp rule 1 → y", "pack p rule 1"));
+        assert!(!names_rule("xpack p rule 1 → y", "pack p rule 1"));
+    }
 }
