@@ -40,6 +40,24 @@ export VICTORIA_METRICS_BIN=$VM
 export PROMETHEUS_BIN=$PROM
 export PROMNORM_E2E=1
 
+# Headless Chromium for the browser test of the web UI (tests/e2e_ui.rs). Debian's
+# chromium needs too many libraries for dpkg -x, so it is installed with apt-get (as
+# root) when absent.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "[test] installing Debian's chromium" >&2
+    apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || {
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    }
+  else
+    echo "[test] chromium is missing: apt-get install chromium (tests/e2e_ui.rs)" >&2
+    exit 1
+  fi
+fi
+CHROMIUM_BIN=$(command -v chromium)
+export CHROMIUM_BIN
+
 # The Kubernetes manifests against the API's schemas, offline: kubernetes-validate
 # bundles them (installed once into ./.e2e-bin/pylib; ~0.5 s a run). Kinds it has no
 # schema for (the Prometheus Operator's CRDs, Kustomization) are reported as WARN and

@@ -424,6 +424,33 @@ pub fn app_state_with(
     ))
 }
 
+/// The web UI's settings of a configuration (its credentials read).
+pub fn web_options(cfg: &Config) -> Result<crate::web::WebOptions, BuildError> {
+    let secret = |s: &crate::config::Secret| {
+        s.read().map_err(|source| ConfigError::Secret {
+            at: String::new(),
+            owner: "web.auth".into(),
+            source,
+        })
+    };
+    let auth = match &cfg.web.auth {
+        None => None,
+        Some(a) => match (&a.bearer_token, &a.basic) {
+            (Some(t), _) => Some(crate::web::WebAuth::Bearer(secret(t)?.trim().to_string())),
+            (None, Some(b)) => Some(crate::web::WebAuth::Basic {
+                username: b.username.clone(),
+                password: secret(&b.password)?,
+            }),
+            (None, None) => None,
+        },
+    };
+    Ok(crate::web::WebOptions {
+        enabled: cfg.web.enabled,
+        route_prefix: cfg.web.route_prefix.clone().unwrap_or_default(),
+        auth,
+    })
+}
+
 /// The server's own settings of a configuration (the ingest token read).
 pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
     crate::telemetry::set_tenant_limit(cfg.limits.max_tenants_in_metrics);
@@ -468,6 +495,9 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
             .transpose()?,
         throttle_status: http::StatusCode::from_u16(cfg.server.throttle_status)
             .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
+        config_text: cfg
+            .to_annotated_yaml(&sizing)
+            .unwrap_or_else(|e| format!("# the configuration cannot be printed: {e}\n")),
     })
 }
 
@@ -576,7 +606,8 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     }
     #[cfg(unix)]
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
-    let app = crate::server::router_live(live, &cfg.write_paths);
+    let app = crate::server::router_live(live.clone(), &cfg.write_paths)
+        .merge(crate::web::router(live, &web_options(&cfg)?));
     crate::server::run(
         listener,
         state,

@@ -360,14 +360,16 @@ pub fn rescale_le(text: &str, f: Factor) -> String {
     String::from_utf8(out).unwrap_or_else(|_| text.to_string())
 }
 
-fn plan_of(rules: &Rules, name: &str) -> Option<Plan> {
+/// The plan the mapper runs for `name`, if any rule applies.
+pub fn plan_of(rules: &Rules, name: &str) -> Option<Plan> {
     match rules.lookup(name) {
         Some(Resolution::Plan(p)) => Some((**p).clone()),
         _ => rules.plan_for(name),
     }
 }
 
-fn write_selector(out: &mut String, labels: &[(String, String)]) {
+/// Writes `name{a="b",…}` (labels with `__name__` as the name).
+pub fn write_selector(out: &mut String, labels: &[(String, String)]) {
     let mut first = true;
     for (n, v) in labels {
         if n == "__name__" {

@@ -23,6 +23,7 @@ pub mod rules_export;
 pub mod server;
 pub mod sys;
 pub mod telemetry;
+pub mod web;
 pub mod wire;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

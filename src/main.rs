@@ -378,7 +378,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| promnorm::explain::ExplainBackend {
-                    name: b.name.clone().unwrap_or_else(|| format!("backends[{i}]")),
+                    name: b.name_or_default(i),
                     protocol: match b.protocol {
                         promnorm::config::BackendProtocolConfig::V1 => "v1",
                         promnorm::config::BackendProtocolConfig::V2 => "v2",

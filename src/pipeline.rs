@@ -204,6 +204,11 @@ impl Pipeline {
         &self.rules
     }
 
+    /// The rules, shared: a dry run (the web UI) builds its own pipeline on them.
+    pub fn shared_rules(&self) -> &Arc<Rules> {
+        &self.rules
+    }
+
     pub fn deriver(&self) -> Option<&Arc<Deriver>> {
         self.deriver.as_ref()
     }

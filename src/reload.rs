@@ -211,6 +211,13 @@ pub fn keep_restart_settings(running: &Config, new: &mut Config) -> Vec<String> 
         changed.push("shutdown_timeout".to_string());
         new.shutdown_timeout = running.shutdown_timeout;
     }
+    // The web UI's routes are built once, with the listener.
+    if let (Ok(a), Ok(b)) = (yaml_text(&running.web), yaml_text(&new.web))
+        && a != b
+    {
+        changed.push("web".to_string());
+        new.web = running.web.clone();
+    }
     // Every `server.*` key belongs to the listener, bound once, except
     // `body_read_timeout`, read per request.
     let body_read_timeout = new.server.body_read_timeout;

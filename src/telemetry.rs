@@ -591,10 +591,21 @@ pub fn backend_protocol_fallback(backend: &str) {
     metrics::gauge!(BACKEND_V1_FALLBACK, "backend" => backend.to_string()).set(1.0);
 }
 
+static LAST_LOAD: std::sync::Mutex<Option<(bool, std::time::SystemTime)>> =
+    std::sync::Mutex::new(None);
+
+/// The last configuration load (start-up or reload): success and when (the web UI).
+pub fn last_config_load() -> Option<(bool, std::time::SystemTime)> {
+    LAST_LOAD.lock().ok().and_then(|l| *l)
+}
+
 /// The outcome of loading the configuration (start-up or reload), as Prometheus writes
 /// `prometheus_config_last_reload_*`: a failure leaves the success timestamp as it was.
 pub fn config_loaded(success: bool) {
     metrics::gauge!(CONFIG_RELOAD_SUCCESSFUL).set(if success { 1.0 } else { 0.0 });
+    if let Ok(mut l) = LAST_LOAD.lock() {
+        *l = Some((success, std::time::SystemTime::now()));
+    }
     if success {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -97,6 +97,9 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         "server",
         &["config", "app", "reload", "normalize", "explain"],
     ),
+    // The web UI sits beside the server (app merges its routes): it may read explain
+    // and normalize, never configuration files.
+    ("web", &["config", "app", "reload"]),
     (
         "migrate",
         &[

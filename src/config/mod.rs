@@ -53,6 +53,8 @@ pub struct Config {
     /// Tenant routing for every backend (docs/tenancy.md); a backend's own `tenancy`
     /// replaces it. Omitted: no routing, each request goes whole.
     pub tenancy: Option<TenancyConfig>,
+    /// The web UI and its dry-run APIs (docs/ui.md).
+    pub web: WebConfig,
     /// Where this configuration was read from, for error positions.
     #[serde(skip)]
     pub source: Option<ConfigSource>,
@@ -85,9 +87,43 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(30),
             derived: DerivedConfig::default(),
             tenancy: None,
+            web: WebConfig::default(),
             source: None,
         }
     }
+}
+
+/// The web UI (docs/ui.md). Restart-only: a reload keeps the running values.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebConfig {
+    /// Serve the pages (`/`, `/rules`, `/explain`, `/debug/normalize`) and the dry-run
+    /// APIs (`/api/v1/explain`, `/api/v1/normalize`).
+    pub enabled: bool,
+    /// Serve them under this path (e.g. `/promnorm`), as Prometheus'
+    /// `--web.route-prefix`; none: at the root.
+    pub route_prefix: Option<String>,
+    /// Protect the pages and APIs: a bearer token or basic auth. None: open.
+    pub auth: Option<WebAuth>,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            enabled: true,
+            route_prefix: None,
+            auth: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebAuth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic: Option<BasicAuth>,
 }
 
 /// Derived series (docs/derived.md).
@@ -1010,6 +1046,49 @@ impl Config {
     }
 
     /// Where a secret's source (`file:` or `env:`) is written.
+    fn check_web(&self) -> Result<(), ConfigError> {
+        if let Some(p) = &self.web.route_prefix {
+            let ok = p.starts_with('/')
+                && !p.ends_with('/')
+                && !p.contains("//")
+                && p.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~')
+                });
+            if !ok {
+                return Err(self.invalid_at(
+                    "route_prefix",
+                    p,
+                    "web.route_prefix must start with '/', not end with one, and use only \
+                     letters, digits, '/', '-', '_', '.', '~' (e.g. /promnorm)",
+                ));
+            }
+        }
+        if let Some(auth) = &self.web.auth {
+            let secrets: Vec<&Secret> = auth
+                .bearer_token
+                .iter()
+                .chain(auth.basic.iter().map(|b| &b.password))
+                .collect();
+            if secrets.len() != 1 {
+                return Err(self.invalid_at(
+                    "auth",
+                    "",
+                    "web.auth needs exactly one of bearer_token or basic",
+                ));
+            }
+            for secret in secrets {
+                if let Err(source) = secret.read() {
+                    return Err(ConfigError::Secret {
+                        at: self.secret_position(secret),
+                        owner: "web.auth".into(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn secret_position(&self, secret: &Secret) -> String {
         match (&secret.file, &secret.env) {
             (Some(f), _) => self.position("file", &f.display().to_string()),
@@ -1512,6 +1591,7 @@ impl Config {
         if let Some(t) = self.tenancy.as_ref().filter(|t| t.enabled) {
             self.check_tenancy("", t)?;
         }
+        self.check_web()?;
         let mut names = std::collections::BTreeSet::new();
         let mut queue_dirs = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {

@@ -50,6 +50,9 @@ pub struct AppState {
     pub tls: Option<Arc<tls::TlsSource>>,
     /// The answer when promnorm is full and the sender should retry (429 or 503).
     pub throttle_status: StatusCode,
+    /// The effective configuration as `check-config --print` writes it, secrets
+    /// redacted (the web UI's status page).
+    pub config_text: String,
 }
 
 /// The server's own settings (the rest of the state is built parts).
@@ -63,6 +66,7 @@ pub struct ServerOptions {
     pub max_decoded_bytes: usize,
     pub tls: Option<Arc<tls::TlsSource>>,
     pub throttle_status: StatusCode,
+    pub config_text: String,
 }
 
 impl AppState {
@@ -91,6 +95,7 @@ impl AppState {
             max_decoded_bytes: opts.max_decoded_bytes,
             tls: opts.tls,
             throttle_status: opts.throttle_status,
+            config_text: opts.config_text,
         }
     }
 }

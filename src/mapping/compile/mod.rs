@@ -82,6 +82,18 @@ struct RankDedup {
     sum_over_ranks: bool,
 }
 
+/// One compiled rule as the web UI lists it ([`Rules::rule_list`]).
+#[derive(Clone, Debug)]
+pub struct RuleInfo {
+    pub pack: String,
+    pub phase: &'static str,
+    pub phase_order: u8,
+    /// The names it matches: families, `prefix …` or `regex …`.
+    pub matches: String,
+    /// `pack NAME rule N (description)`, as `explain` prints it.
+    pub describe: String,
+}
+
 /// Options that apply across packs.
 #[derive(Clone, Debug)]
 pub struct PackOptions {
@@ -256,6 +268,38 @@ impl Rules {
 
     pub fn packs(&self) -> &[PackOptions] {
         &self.packs
+    }
+
+    /// Every rule in phase order, for the web UI's `/rules` page.
+    pub fn rule_list(&self) -> Vec<RuleInfo> {
+        let mut out: Vec<RuleInfo> = self
+            .rules
+            .iter()
+            .map(|r| RuleInfo {
+                pack: self
+                    .packs
+                    .get(r.pack as usize)
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default(),
+                phase: match r.phase {
+                    PHASE_DROP => "drop",
+                    PHASE_MIGRATE => "migrate",
+                    PHASE_DEDUP => "dedup",
+                    PHASE_UNIT => "unit",
+                    PHASE_TOTAL => "total",
+                    _ => "copy",
+                },
+                phase_order: r.phase,
+                matches: match &r.matcher {
+                    Matcher::Exact(f) => f.join(", "),
+                    Matcher::Prefix(p) => format!("prefix {p}"),
+                    Matcher::Regex(re) => format!("regex {}", re.as_str()),
+                },
+                describe: r.describe.clone(),
+            })
+            .collect();
+        out.sort_by_key(|r| r.phase_order);
+        out
     }
 
     /// True when some pack sums physical families over ranks (needs the derive stage).
