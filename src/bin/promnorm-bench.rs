@@ -74,6 +74,23 @@ enum Cmd {
     },
     /// Markdown table of per-case medians of results files
     Report { files: Vec<PathBuf> },
+    /// The in-process pipeline alone (decode, rules, derive, encode, compress) over the
+    /// fleet requests: CPU time per sample of this thread, so that other processes'
+    /// load inflates it less than wall-clock time (for A/B runs on a busy machine)
+    Pipeline {
+        /// promnorm configuration (e.g. bench/all-packs.yaml, bench/passthrough.yaml)
+        #[arg(long)]
+        config: PathBuf,
+        /// Passes over all requests; each is timed, the minimum and median are reported
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        #[arg(long, value_enum, default_value = "1")]
+        proto: Proto,
+        #[arg(long, value_enum, default_value = "default")]
+        mode: ModeArg,
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize, PartialEq)]
@@ -172,6 +189,13 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Report { files } => report(&files),
+        Cmd::Pipeline {
+            config,
+            rounds,
+            proto,
+            mode,
+            count,
+        } => pipeline_cost(&config, rounds, proto, mode, count),
         Cmd::Run(args) => {
             pin_self(&args.load_cpu)?;
             runtime()?.block_on(run(*args))
@@ -319,6 +343,85 @@ fn to_v2(req: &pb::WriteRequest) -> v2::Request {
         symbols,
         timeseries,
     }
+}
+
+// ------------------------------------------------------------------ pipeline --
+
+/// CPU seconds this thread has run.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+fn pipeline_cost(
+    config: &std::path::Path,
+    rounds: usize,
+    proto: Proto,
+    mode: ModeArg,
+    count: usize,
+) -> anyhow::Result<()> {
+    use promnorm::app::Assemble;
+    use promnorm::pipeline::InputProtocol;
+    let load = LoadArgs {
+        proto,
+        mode,
+        count,
+        connections: 1,
+        duration: 0.0,
+        warmup: 0.0,
+        rate: 0.0,
+        timeout: 1.0,
+    };
+    let bodies = generate(&load)?;
+    let cfg = promnorm::config::Config::load(config)?;
+    let pipeline = cfg.pipeline()?;
+    let input = match proto {
+        Proto::V1 => InputProtocol::V1,
+        Proto::V2 => InputProtocol::V2,
+    };
+    let mut ws = pipeline.take_workspace();
+    let mut drained = Vec::new();
+    let mut pass = |ws: &mut promnorm::pipeline::Workspace| -> anyhow::Result<()> {
+        for b in &bodies.list {
+            pipeline.process_as(ws, b, input)?;
+            if let Some(d) = pipeline.deriver() {
+                drained.clear();
+                d.drain(&mut drained);
+            }
+        }
+        Ok(())
+    };
+    pass(&mut ws)?; // warm: buffers grown, caches filled
+    let samples = (bodies.list.len() as u64 * bodies.samples_per_request) as f64;
+    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let (c0, w0) = (thread_cpu_seconds(), Instant::now());
+        pass(&mut ws)?;
+        cpu.push((thread_cpu_seconds() - c0) * 1e9 / samples);
+        wall.push(w0.elapsed().as_secs_f64() * 1e9 / samples);
+    }
+    let min = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "{}",
+        serde_json::json!({
+            "config": config.display().to_string(),
+            "proto": proto,
+            "requests": bodies.list.len(),
+            "samples_per_request": bodies.samples_per_request,
+            "rounds": rounds,
+            "cpu_ns_per_sample_min": min(&cpu),
+            "cpu_ns_per_sample_median": median(cpu.clone()),
+            "wall_ns_per_sample_min": min(&wall),
+            "wall_ns_per_sample_median": median(wall.clone()),
+            "commit": std::env::var("BENCH_COMMIT").unwrap_or_default(),
+        })
+    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------- load --
