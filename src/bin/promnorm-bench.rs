@@ -1243,3 +1243,81 @@ fn median(mut v: Vec<f64>) -> f64 {
         (v[m - 1] + v[m]) / 2.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(proto: Proto) -> LoadArgs {
+        LoadArgs {
+            proto,
+            mode: ModeArg::Default,
+            count: 2,
+            connections: 1,
+            duration: 0.0,
+            warmup: 0.0,
+            rate: 0.0,
+            timeout: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_sink_counts_the_samples_of_both_versions() {
+        for (proto, v2) in [(Proto::V1, false), (Proto::V2, true)] {
+            let bodies = generate(&args(proto)).unwrap();
+            assert_eq!(bodies.samples_per_request, 2000);
+            let (mut d, mut buf) = (snap::raw::Decoder::new(), Vec::new());
+            for b in &bodies.list {
+                assert_eq!(count_samples(&mut d, &mut buf, b, v2), Some(2000));
+            }
+            // Read with the other version's field numbers, the series are not found.
+            assert_eq!(
+                count_samples(&mut d, &mut buf, &bodies.list[0], !v2),
+                Some(0)
+            );
+        }
+        let (mut d, mut buf) = (snap::raw::Decoder::new(), Vec::new());
+        assert_eq!(count_samples(&mut d, &mut buf, b"not snappy", false), None);
+        // Valid snappy, truncated protobuf (a length past the end).
+        let bad = snap::raw::Encoder::new()
+            .compress_vec(&[0x0a, 0x05, 0x12])
+            .unwrap();
+        assert_eq!(count_samples(&mut d, &mut buf, &bad, false), None);
+    }
+
+    #[test]
+    fn counters_are_summed_over_matching_label_sets() {
+        let text = "# HELP x\n\
+                    vmagent_rows_inserted_total{type=\"promremotewrite\"} 10\n\
+                    vmagent_rows_inserted_total{type=\"influx\"} 5\n\
+                    vmagent_rows_inserted_total_other 7\n\
+                    promnorm_samples_received_total{tenant=\"a\"} 1.5e3\n\
+                    promnorm_samples_received_total 2\n";
+        assert_eq!(
+            counter_sum(
+                text,
+                "vmagent_rows_inserted_total{type=\"promremotewrite\"}"
+            ),
+            10.0
+        );
+        assert_eq!(counter_sum(text, "vmagent_rows_inserted_total"), 15.0);
+        assert_eq!(counter_sum(text, "promnorm_samples_received_total"), 1502.0);
+        assert_eq!(counter_sum(text, "absent"), 0.0);
+    }
+
+    #[test]
+    fn latency_quantiles_and_rate() {
+        let out = LoadOutcome {
+            requests_ok: 100,
+            latencies_us: (1..=100).rev().map(|i| i * 1000).collect(),
+            elapsed_s: 2.0,
+            ..Default::default()
+        };
+        let s = out.summary(2000);
+        assert_eq!(s.samples_per_s, 100_000.0);
+        assert_eq!(
+            (s.lat_p50_ms, s.lat_p99_ms, s.lat_max_ms),
+            (50.0, 99.0, 100.0)
+        );
+    }
+}
