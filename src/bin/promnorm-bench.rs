@@ -1049,6 +1049,20 @@ async fn one_run(
     Ok(r)
 }
 
+/// Bounded drain: waits until the sink's count stands still for 1 s (a queueing SUT
+/// may still be sending); returns the seconds waited.
+async fn sink_settle(sink: &Sink, timeout_s: f64) -> f64 {
+    let started = Instant::now();
+    let (mut last, mut still) = (sink.counts().requests, 0);
+    while started.elapsed().as_secs_f64() < timeout_s && still < 5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = sink.counts().requests;
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+    }
+    started.elapsed().as_secs_f64()
+}
+
 async fn measure(
     args: &RunArgs,
     bodies: &Arc<Bodies>,
@@ -1060,7 +1074,11 @@ async fn measure(
     let pid = sut.pid();
     let specs = [args.ingest_metric.as_ref(), args.sent_metric.as_ref()];
     load_phase(&url, &args.load, bodies, args.load.warmup).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A queueing SUT is still sending the warm-up's backlog: let it finish, so that
+    // what the sink counts in the window is the window's.
+    if args.load.warmup > 0.0 {
+        sink_settle(sink, args.drain_timeout).await;
+    }
 
     let before = scrape(sut.port, &specs).await;
     let sink_before = sink.counts();
@@ -1094,16 +1112,7 @@ async fn measure(
     stop.store(true, Ordering::Relaxed);
     let rss_peak_kb = rss.await?;
 
-    // Bounded drain: until the sink's count stands still for 1 s (a queueing SUT may
-    // still be sending).
-    let t_drain = Instant::now();
-    let (mut last, mut still) = (sink.counts().requests, 0);
-    while t_drain.elapsed().as_secs_f64() < args.drain_timeout && still < 5 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = sink.counts().requests;
-        still = if now == last { still + 1 } else { 0 };
-        last = now;
-    }
+    let drain_s = sink_settle(sink, args.drain_timeout).await;
     let after = scrape(sut.port, &specs).await;
     let sink_after = sink.counts();
 
@@ -1142,7 +1151,7 @@ async fn measure(
         vmhwm_mb: 0.0,
         sink_samples_per_s: sink_delta.samples as f64 / dt,
         sink: sink_delta,
-        drain_s: t_drain.elapsed().as_secs_f64(),
+        drain_s,
         harness_cpu_cores: harness / dt,
         other_cpu_cores: ((busy_after - busy_before) - sut_cpu_s - harness) / dt,
         sut_cpu_list: args.sut_cpu.clone(),
