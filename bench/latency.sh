@@ -1,45 +1,33 @@
 #!/usr/bin/env bash
-# Latency under partial load: wrk (pinned to core 0, with a pause per request) ->
-# SUT (pinned to core 1) -> nginx null sink (core 0). Prints wrk's RESULT line and the
-# offered rate. Usage:
-#   bench/latency.sh promnorm CONNECTIONS DELAY_MS [CONFIG]    (default bench/all-packs.yaml)
-#   bench/latency.sh vmagent  CONNECTIONS DELAY_MS [RELABEL]   (default shared relabel.yml)
-# Payloads come from this repository's promnorm-payloads (into $PAYLOADS).
+# Latency under partial load, open loop: promnorm-bench sends RATE requests/s in total over
+# CONNECTIONS connections at fixed times (core 0) -> SUT (core 1) -> null sink (in
+# promnorm-bench). Latency counts from each request's scheduled send time, so queueing
+# in the SUT shows up (no coordinated omission). 5 s warm-up, then DURATION_S (20).
+# Usage:
+#   bench/latency.sh promnorm RATE_RPS [CONNECTIONS] [CONFIG]   (default 4, bench/all-packs.yaml)
+#   bench/latency.sh vmagent  RATE_RPS [CONNECTIONS] [RELABEL]  (default bench/vmagent-relabel.yml)
+# e.g. 80 % of a measured maximum of 1.6 M samples/s with 2,000-sample requests:
+#   bench/latency.sh promnorm 640
+# Results: one JSON line per run in bench/results/latency-<UTC time>.jsonl (RUNS, 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SUT=$1 CONNS=$2 DELAY=$3
-TOOLS=${SHARED_DIR:-$(cd .. && pwd)/shared}/tools/bench
-PAYLOADS=${PAYLOADS:-/tmp/prw-payloads/default}
-RELEASE=${CARGO_TARGET_DIR:-$PWD/target}/release
-# Folders written by another generator (the former gen_payloads.py) are rebuilt.
-if ! grep -qs '"generator": "promnorm-payloads"' "$PAYLOADS/meta.json"; then
-  cargo build --release --quiet --bin promnorm-payloads
-  "$RELEASE/promnorm-payloads" --out "$PAYLOADS" --count 100
-fi
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; sleep 0.5; rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/sink"
-taskset -c 0 nginx -e stderr -p "$WORK/sink/" -c "$TOOLS/nginx-sink.conf" &
-sleep 0.5
+SUT=$1 RATE=$2 CONNS=${3:-4}
+. bench/lib.sh
+mkdir -p bench/results
+RESULTS=${RESULTS:-bench/results/latency-$(date -u +%Y-%m-%dT%H%M).jsonl}
+args=(--rate "$RATE" --connections "$CONNS" --duration "${DURATION_S:-20}" --warmup 5
+  --runs "${RUNS:-3}" --results "$RESULTS" --sut-cpu "${SUT_CPU:-1}" --load-cpu "${LOAD_CPU:-0}")
 case $SUT in
   promnorm)
-    PORT=9201
-    taskset -c 1 "$RELEASE/promnorm" serve --config "${4:-bench/all-packs.yaml}" \
-      --listen 127.0.0.1:$PORT --backend http://127.0.0.1:19201/api/v1/write 2>"$WORK/sut.log" & ;;
+    "$BENCH" run --case "promnorm-latency-${RATE}rps" "${args[@]}" \
+      --ingest-metric promnorm_samples_received_total \
+      --sut-cmd "$PROMNORM serve --config $PWD/${4:-bench/all-packs.yaml} --listen 127.0.0.1:{port} --backend {sink_url}" >/dev/null ;;
   vmagent)
-    PORT=8429
-    taskset -c 1 vmagent -httpListenAddr=127.0.0.1:$PORT -remoteWrite.url=http://127.0.0.1:19201/api/v1/write \
-      -remoteWrite.tmpDataPath="$WORK/vmagent-data" -loggerLevel=WARN \
-      -remoteWrite.urlRelabelConfig="${4:-$TOOLS/relabel.yml}" 2>"$WORK/sut.log" & ;;
-  *) echo "unknown SUT $SUT" >&2; exit 2 ;;
+    need_vmagent
+    "$BENCH" run --case "vmagent-latency-${RATE}rps" "${args[@]}" --ready-path /health \
+      --ingest-metric 'vmagent_rows_inserted_total{type="promremotewrite"}' \
+      --sut-cmd "$VMAGENT -httpListenAddr=127.0.0.1:{port} -remoteWrite.url={sink_url} -remoteWrite.tmpDataPath={tmp}/vmagent-data -loggerLevel=WARN -remoteWrite.urlRelabelConfig=$PWD/${4:-bench/vmagent-relabel.yml}" >/dev/null ;;
+  *) echo "unknown SUT $SUT (promnorm or vmagent)" >&2; exit 2 ;;
 esac
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/metrics" >/dev/null && break; sleep 0.2; done
-export RW_LUA=$TOOLS/rw.lua RW_DELAY_MS=$DELAY
-run() { taskset -c 0 wrk -t1 -c"$CONNS" -d"$1"s --timeout 10s -s bench/latency.lua \
-  "http://127.0.0.1:$PORT/api/v1/write" -- "$PAYLOADS/manifest.txt"; }
-run 5 >/dev/null   # warm-up
-out=$(run 20)
-line=$(grep '^RESULT' <<<"$out")
-reqs=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$line")
-per=$(/usr/bin/python3 -c "import json;print(json.load(open('$PAYLOADS/meta.json'))['samples_per_request'])")
-echo "$SUT c=$CONNS delay=${DELAY}ms: $((reqs * per / 20)) samples/s offered; $line"
+"$BENCH" report "$RESULTS"
+echo "results: $RESULTS"

@@ -4,9 +4,13 @@
 //! max_samples_per_send: 2000) and 10,000-series requests (`Mode::Large`). Throughput is
 //! in samples; BENCHMARKS.md converts to bytes/s.
 //!
-//! Stages: `snappy_decode`, `protobuf_decode`, `map_encode_passthrough` (re-encoding with
-//! no rules: the encode cost), `map_encode_all_packs` (rules + encode), `derive`,
-//! `snappy_compress`, and `end_to_end` (all of them, all packs, derived series on) for
+//! Stages: `snappy_decode`, `protobuf_decode`, `name_lookup_all_packs` (the exact-name
+//! table lookup of every series' name, alone: the first part of rule application),
+//! `map_encode_passthrough` (re-encoding with no rules: the encode cost),
+//! `map_encode_all_packs` (lookup + rules + encode), `derive`, `snappy_compress` (the all
+//! packs output), `snappy_compress_passthrough` (the pass-through output, all series),
+//! `end_to_end/passthrough` (`bench/passthrough.yaml`: no packs, no derived series) and
+//! `end_to_end` (all of them, all packs, derived series on) for
 //! 1.0 in → 1.0 out (`all_packs_derived`), 2.0 in → 1.0 out (`rw2_in_rw1_out`) and 2.0
 //! in → 2.0 out (`rw2_in_rw2_out`, the 2.0 body with its symbols table made instead of
 //! the 1.0 body, as `serve` does for `protocol: v2` backends), the 2.0 requests being the
@@ -102,6 +106,18 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
             d
         })
         .collect();
+    // The exact-name lookup alone (names the table lacks then go through the mapper's
+    // per-name pattern cache, measured inside map_encode_all_packs only).
+    g.bench_function("name_lookup_all_packs", |b| {
+        b.iter(|| {
+            let k = next(raws.len());
+            let mut found = 0usize;
+            for s in &views[k].series {
+                found += usize::from(all_packs.lookup(s.name.str(&raws[k])).is_some());
+            }
+            std::hint::black_box(found)
+        })
+    });
     let mut mapper = Mapper::new();
     let mut out = Vec::new();
     for (name, rules) in [
@@ -164,6 +180,40 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
             snappy::compress_into(&mut encoder, &encoded[k], &mut compressed)
         })
     });
+    let encoded_passthrough: Vec<Vec<u8>> = raws
+        .iter()
+        .enumerate()
+        .map(|(k, raw)| {
+            let mut o = Vec::new();
+            mapper.map_request(&empty, raw, &views[k], &mut o, &no_taps);
+            o
+        })
+        .collect();
+    g.bench_function("snappy_compress_passthrough", |b| {
+        b.iter(|| {
+            let k = next(encoded_passthrough.len());
+            snappy::compress_into(&mut encoder, &encoded_passthrough[k], &mut compressed)
+        })
+    });
+
+    let passthrough = Config::parse(
+        include_str!("../bench/passthrough.yaml"),
+        "passthrough.yaml",
+    )
+    .expect("bench/passthrough.yaml parses")
+    .pipeline()
+    .expect("valid configuration");
+    let mut pws = passthrough.take_workspace();
+    g.bench_with_input(
+        BenchmarkId::new("end_to_end", "passthrough"),
+        bodies,
+        |b, bodies| {
+            b.iter(|| {
+                let k = next(bodies.len());
+                passthrough.process(&mut pws, &bodies[k]).expect("valid")
+            })
+        },
+    );
 
     let mut ws = pipeline.take_workspace();
     g.bench_with_input(

@@ -40,6 +40,10 @@ pub struct Workspace {
     pub encoded: Vec<u8>,
     compressed: Vec<u8>,
     compressed_len: usize,
+    /// `compressed` holds the request's own 1.0 body (copied by `decode_as`): when the
+    /// mapped output is byte for byte the decompressed input, that body is the output
+    /// and is not compressed again.
+    compressed_is_input: bool,
     derive_scratch: DeriveScratch,
     /// The 1.0 body without 2.0's start timestamps, when the request had some.
     plain: Vec<u8>,
@@ -264,8 +268,15 @@ impl Pipeline {
         protocol: InputProtocol,
     ) -> Result<usize, DecodeError> {
         let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
+        ws.compressed_is_input = false;
         ws.raw_len =
             snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
+        if protocol == InputProtocol::V1 && !ws.skip_v1_body {
+            // A copy of the compressed body is a few percent of compressing it again.
+            ws.compressed.clear();
+            ws.compressed.extend_from_slice(body);
+            ws.compressed_is_input = true;
+        }
         self.decode_raw(ws, protocol)
     }
 
@@ -284,6 +295,7 @@ impl Pipeline {
         ws.raw.clear();
         ws.raw.extend_from_slice(raw);
         ws.raw_len = raw.len();
+        ws.compressed_is_input = false;
         self.run(ws, protocol)
     }
 
@@ -327,7 +339,13 @@ impl Pipeline {
                     .unroll(&ws.encoded, &mut ws.classic, self.limits.max_decoded_bytes)?;
         }
         ws.compressed_len = 0;
-        if !ws.skip_v1_body {
+        let unchanged = ws.compressed_is_input && ws.encoded[..] == ws.raw[..ws.raw_len];
+        ws.compressed_is_input = false;
+        if unchanged && !ws.skip_v1_body {
+            // No rule touched the request (every series and metadata entry copied as it
+            // came, in order): its own compressed body decompresses to the output.
+            ws.compressed_len = ws.compressed.len();
+        } else if !ws.skip_v1_body {
             let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
             // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field
             // for them.
@@ -375,5 +393,86 @@ impl Pipeline {
 
     pub fn stats<'a>(&self, ws: &'a Workspace) -> &'a MapStats {
         &ws.mapper.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::Assemble;
+    use crate::config::Config;
+    use crate::wire::proto::prometheus as pb;
+    use prost::Message;
+
+    fn request(name: &str) -> Vec<u8> {
+        let label = |n: &str, v: &str| pb::Label {
+            name: n.into(),
+            value: v.into(),
+        };
+        pb::WriteRequest {
+            timeseries: (0..50)
+                .map(|i| pb::TimeSeries {
+                    labels: vec![
+                        label("__name__", name),
+                        label("instance", &format!("node-{i}:8000")),
+                        label("job", "vllm"),
+                    ],
+                    samples: vec![pb::Sample {
+                        value: f64::from(i),
+                        timestamp: 1_700_000_000_000,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    /// Valid snappy that no compressor writes (one literal, no back-references), so that
+    /// a body compressed again is told apart from the sender's own.
+    fn literal_snappy(raw: &[u8]) -> Vec<u8> {
+        assert!((61..=65_536).contains(&raw.len()));
+        let mut out = Vec::new();
+        crate::wire::pb::put_varint(&mut out, raw.len() as u64);
+        out.push(61 << 2); // literal, length - 1 in the next two bytes
+        out.extend_from_slice(&((raw.len() - 1) as u16).to_le_bytes());
+        out.extend_from_slice(raw);
+        out
+    }
+
+    #[test]
+    fn a_request_no_rule_touches_is_forwarded_as_its_own_body() {
+        let pipeline = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
+        let mut ws = pipeline.take_workspace();
+        let raw = request("vllm:num_requests_running");
+        let body = literal_snappy(&raw);
+        pipeline.process(&mut ws, &body).unwrap();
+        assert_eq!(ws.encoded, raw);
+        // (Not assert_eq: a failure would print both bodies.)
+        assert!(
+            ws.compressed() == &body[..],
+            "the sender's body, not compressed again"
+        );
+        // A body the rules change: compressed from the output.
+        let cfg = Config::embedded_default();
+        let packs = cfg.pipeline().unwrap();
+        let renamed = literal_snappy(&request("vllm:gpu_prefix_cache_hits_total"));
+        packs.process(&mut ws, &renamed).unwrap();
+        assert!(ws.compressed() != &renamed[..]);
+        let out = snap::raw::Decoder::new()
+            .decompress_vec(ws.compressed())
+            .unwrap();
+        assert_eq!(out, ws.encoded);
+        assert!(
+            out.windows(28)
+                .any(|w| w == b"vllm:prefix_cache_hits_total")
+        );
+        // A 1.0 body the pipeline does not copy out (process_raw) is compressed.
+        pipeline.process_raw(&mut ws, &raw).unwrap();
+        let out = snap::raw::Decoder::new()
+            .decompress_vec(ws.compressed())
+            .unwrap();
+        assert_eq!(out, raw);
     }
 }
