@@ -91,6 +91,25 @@ pub fn try_lock_exclusive(file: &File) -> std::io::Result<bool> {
     }
 }
 
+/// CPU seconds the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own, which lives for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Sends SIGTERM to a child process (not yet reaped, so its PID is still its own).
+pub fn terminate(child: &std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) has no memory preconditions; the PID is our unreaped child's.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+}
+
 /// True when an I/O error means the disk (or the user's quota) is full.
 pub fn is_no_space(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
@@ -108,6 +127,12 @@ mod tests {
         assert!(free_bytes(Path::new("/")).is_some());
         assert!(free_bytes(Path::new("/no/such/dir")).is_none());
         assert!(clock_ticks_per_second() > 0 && page_size() > 0);
+        let t0 = thread_cpu_seconds();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        assert!(x != 1 && thread_cpu_seconds() >= t0);
         let dir = std::env::temp_dir().join(format!("promnorm-sys-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("lock");

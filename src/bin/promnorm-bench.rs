@@ -349,13 +349,7 @@ fn to_v2(req: &pb::WriteRequest) -> v2::Request {
 
 /// CPU seconds this thread has run.
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    promnorm::sys::thread_cpu_seconds()
 }
 
 fn pipeline_cost(
@@ -866,10 +860,7 @@ impl Sut {
 
     /// SIGTERM, then SIGKILL after 15 s; only this child, by its PID.
     fn stop(mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill(2) on the PID of a child we own and have not reaped yet.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
+        promnorm::sys::terminate(&self.child);
         let until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < until {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -1004,8 +995,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let t = promnorm::sys::clock_ticks_per_second();
     if t > 0 { t as f64 } else { 100.0 }
 }
 
