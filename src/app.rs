@@ -204,6 +204,10 @@ impl Assemble for Config {
             }
             .unwrap_or(spec.default.is_on());
             if on {
+                let mut spec = spec;
+                if *name == "genai" {
+                    genai_options(self, &mut spec)?;
+                }
                 packs.push(spec);
             }
         }
@@ -243,6 +247,62 @@ impl Assemble for Config {
             },
         )?)
     }
+}
+
+/// Writes `packs.genai` into the `genai` pack's copy rules: every
+/// `gen_ai_operation_name` the pack sets becomes `operation_name` (no engine's latency
+/// histograms carry an endpoint label), every `gen_ai_provider_name` (the engine's name
+/// in the pack) its entry in `provider_names`, if any. Both are required attributes of
+/// the conventions: an empty value (no label) is refused, as is an engine the pack does
+/// not know (a misspelt key would otherwise be silently ignored).
+fn genai_options(cfg: &Config, spec: &mut PackSpec) -> Result<(), ConfigError> {
+    const PROVIDER: &str = "gen_ai_provider_name";
+    let o = &cfg.packs.genai;
+    if o.operation_name.trim().is_empty() {
+        return Err(cfg.invalid_at(
+            "operation_name",
+            "",
+            "packs.genai.operation_name: empty (gen_ai_operation_name is a required attribute)",
+        ));
+    }
+    let engines: std::collections::BTreeSet<&str> = spec
+        .rules
+        .iter()
+        .filter_map(|r| r.set_labels.get(PROVIDER).map(String::as_str))
+        .collect();
+    for (engine, provider) in &o.provider_names {
+        if !engines.contains(engine.as_str()) {
+            let known: Vec<&str> = engines.iter().copied().collect();
+            return Err(cfg.invalid_at(
+                "provider_names",
+                engine,
+                format!(
+                    "packs.genai.provider_names: unknown engine {engine:?} (known: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if provider.trim().is_empty() {
+            return Err(cfg.invalid_at(
+                "provider_names",
+                engine,
+                format!(
+                    "packs.genai.provider_names.{engine}: empty (gen_ai_provider_name is a required attribute)"
+                ),
+            ));
+        }
+    }
+    for r in &mut spec.rules {
+        if let Some(v) = r.set_labels.get_mut("gen_ai_operation_name") {
+            v.clone_from(&o.operation_name);
+        }
+        if let Some(v) = r.set_labels.get_mut(PROVIDER)
+            && let Some(p) = o.provider_names.get(v.as_str())
+        {
+            v.clone_from(p);
+        }
+    }
+    Ok(())
 }
 
 /// A size as the stages take it (saturating on 32-bit targets).

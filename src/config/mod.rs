@@ -696,6 +696,37 @@ pub struct PacksConfig {
     /// Per-pack overrides of `rank_dedup.sum_over_ranks` (e.g. `{sglang: true}`).
     #[serde(default)]
     pub sum_over_ranks: BTreeMap<String, bool>,
+    /// The `genai` pack's values of the attributes the OpenTelemetry GenAI conventions
+    /// require (`gen_ai_operation_name`, `gen_ai_provider_name`).
+    #[serde(default)]
+    pub genai: GenaiOptions,
+}
+
+/// Values of the `genai` copies' required attributes that no engine series carries.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GenaiOptions {
+    /// `gen_ai_operation_name` of copies whose engine series say nothing of the endpoint
+    /// (every engine today: their latency histograms carry no endpoint label).
+    #[serde(default = "default_genai_operation")]
+    pub operation_name: String,
+    /// Engine (`vllm`, `sglang`, `dynamo`, …) → `gen_ai_provider_name`; an engine not
+    /// listed is its own provider name.
+    #[serde(default)]
+    pub provider_names: BTreeMap<String, String>,
+}
+
+impl Default for GenaiOptions {
+    fn default() -> Self {
+        GenaiOptions {
+            operation_name: default_genai_operation(),
+            provider_names: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_genai_operation() -> String {
+    "chat".into()
 }
 
 impl Default for PacksConfig {
@@ -705,6 +736,7 @@ impl Default for PacksConfig {
             files: Vec::new(),
             keep_original: BTreeMap::new(),
             sum_over_ranks: BTreeMap::new(),
+            genai: GenaiOptions::default(),
         }
     }
 }

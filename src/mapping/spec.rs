@@ -98,6 +98,10 @@ pub struct RuleSpec {
     /// Unit written into forwarded metadata for the family.
     #[serde(default)]
     pub unit: Option<String>,
+    /// HELP written into forwarded metadata for the family, in place of the input's
+    /// (names defined by a standard carry the standard's description).
+    #[serde(default)]
+    pub help: Option<String>,
     #[serde(default)]
     pub rename_labels: BTreeMap<String, String>,
     /// label → (old value → new value)

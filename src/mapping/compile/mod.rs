@@ -54,6 +54,7 @@ struct CompiledRule {
     rename: Option<String>,
     scale: Option<Factor>,
     unit: Option<String>,
+    help: Option<String>,
     rename_labels: Vec<(Box<str>, Box<str>)>,
     label_values: Vec<(Box<str>, Box<str>, Box<str>)>,
     split: Option<Split>,

@@ -143,6 +143,7 @@ pub(super) fn compile_rule(
         rename: spec.rename.clone(),
         scale,
         unit: spec.unit.clone(),
+        help: spec.help.clone(),
         rename_labels: spec
             .rename_labels
             .iter()
@@ -217,6 +218,7 @@ pub(super) fn compile_otel(
             rename: Some(with_unit.clone()),
             scale: None,
             unit: o.unit.clone(),
+            help: None,
             rename_labels: Vec::new(),
             label_values: Vec::new(),
             split: None,
