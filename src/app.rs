@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::config::{
     AutoCount, BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config,
-    ConfigError, NativeHistogramsConfig, QueueConfig, QueueType, TenancyConfig, WhenFullConfig,
-    yaml,
+    ConfigError, NativeHistogramsConfig, OtelNamesStrategy, QueueConfig, QueueType, TenancyConfig,
+    WhenFullConfig, yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
@@ -244,6 +244,7 @@ impl Assemble for Config {
             &with_opts,
             &GlobalOptions {
                 drop_created_series: self.drop_created_series,
+                otel_names: otel_names(self.otel_names.strategy),
             },
         )?)
     }
@@ -302,7 +303,56 @@ fn genai_options(cfg: &Config, spec: &mut PackSpec) -> Result<(), ConfigError> {
             v.clone_from(p);
         }
     }
+    // The copies are spelt like the instruments they stand for (`otel_names`): the pack
+    // writes them as Prometheus does by default.
+    let (from, to) = (
+        crate::mapping::OtelNames::default(),
+        otel_names(cfg.otel_names.strategy),
+    );
+    if from == to {
+        return Ok(());
+    }
+    let names: std::collections::BTreeMap<String, String> = spec
+        .otel
+        .iter()
+        .map(|i| {
+            let unit = i.unit.as_deref();
+            (from.spell(&i.name, unit), to.spell(&i.name, unit))
+        })
+        .collect();
+    let labels: std::collections::BTreeMap<String, String> = spec
+        .otel
+        .iter()
+        .flat_map(|i| &i.attributes)
+        .map(|a| (from.label(a), to.label(a)))
+        .collect();
+    let respell = |l: String| labels.get(&l).cloned().unwrap_or(l);
+    for r in &mut spec.rules {
+        if let Some(n) = r.rename.as_mut()
+            && let Some(t) = names.get(n.as_str())
+        {
+            n.clone_from(t);
+        }
+        for v in r.rename_labels.values_mut() {
+            *v = respell(std::mem::take(v));
+        }
+        r.set_labels = std::mem::take(&mut r.set_labels)
+            .into_iter()
+            .map(|(k, v)| (respell(k), v))
+            .collect();
+    }
     Ok(())
+}
+
+/// The mapping stage's spelling for `otel_names.strategy`.
+fn otel_names(s: OtelNamesStrategy) -> crate::mapping::OtelNames {
+    use crate::mapping::OtelNames;
+    match s {
+        OtelNamesStrategy::UnderscoreWithSuffixes => OtelNames::UnderscoreWithSuffixes,
+        OtelNamesStrategy::UnderscoreWithoutSuffixes => OtelNames::UnderscoreWithoutSuffixes,
+        OtelNamesStrategy::Utf8WithSuffixes => OtelNames::Utf8WithSuffixes,
+        OtelNamesStrategy::Utf8WithoutSuffixes => OtelNames::Utf8WithoutSuffixes,
+    }
 }
 
 /// A size as the stages take it (saturating on 32-bit targets).

@@ -41,6 +41,8 @@ pub struct Config {
     pub keep_original: bool,
     /// Drop `*_created` series (they hold a timestamp, not a value).
     pub drop_created_series: bool,
+    /// The one spelling OpenTelemetry-originated names are written in (issue 22).
+    pub otel_names: OtelNamesConfig,
     /// Give `_total` to series of families that metadata says are counters and that no
     /// pack knows (learnt across requests; names change once the metadata arrives).
     pub metadata_total_fix: bool,
@@ -80,6 +82,7 @@ impl Default for Config {
             packs: PacksConfig::default(),
             keep_original: false,
             drop_created_series: true,
+            otel_names: OtelNamesConfig::default(),
             metadata_total_fix: false,
             ingest_auth: None,
             shutdown_timeout: Duration::from_secs(30),
@@ -700,6 +703,28 @@ pub struct PacksConfig {
     /// require (`gen_ai_operation_name`, `gen_ai_provider_name`).
     #[serde(default)]
     pub genai: GenaiOptions,
+}
+
+/// `otel_names`: how names (and attribute label names) of OpenTelemetry instruments that
+/// packs declare are spelt on the way out, whichever of the four spellings they arrive in.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtelNamesConfig {
+    pub strategy: OtelNamesStrategy,
+}
+
+/// Prometheus' OTLP translation strategies, by what they write: `_` for every character
+/// outside `[a-zA-Z0-9_:]` or the name as it is (UTF-8), with or without the unit and
+/// `_total` suffixes. The default is Prometheus 2.x's and 3.x's
+/// (`UnderscoreEscapingWithSuffixes`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OtelNamesStrategy {
+    #[default]
+    UnderscoreWithSuffixes,
+    UnderscoreWithoutSuffixes,
+    Utf8WithSuffixes,
+    Utf8WithoutSuffixes,
 }
 
 /// Values of the `genai` copies' required attributes that no engine series carries.

@@ -201,6 +201,10 @@ pub struct OtelSpec {
     pub unit: Option<String>,
     #[serde(default, rename = "type")]
     pub family_type: FamilyType,
+    /// Attribute keys (`gen_ai.operation.name`) whose label names follow the spelling of
+    /// the instrument's name (escaped `gen_ai_operation_name`, or as registered).
+    #[serde(default)]
+    pub attributes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
