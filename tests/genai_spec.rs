@@ -99,6 +99,7 @@ fn outputs(p: &Pipeline) -> Vec<(String, pb::WriteRequest)> {
     list.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .chain(ENGINE_SCRAPES.iter().copied())
         .map(|f| {
             let text = std::fs::read_to_string(golden().join(f)).unwrap();
             let parsed = promnorm::exposition::parse(&text).unwrap_or_else(|e| panic!("{e}"));
@@ -109,6 +110,14 @@ fn outputs(p: &Pipeline) -> Vec<(String, pb::WriteRequest)> {
         })
         .collect()
 }
+
+/// The newer engines' golden scrapes (their packs' cases), each with genai copies.
+const ENGINE_SCRAPES: [&str; 4] = [
+    "trtllm/1.prom",
+    "lmdeploy/1.prom",
+    "triton/1.prom",
+    "tgi/1.prom",
+];
 
 fn labels(ts: &pb::TimeSeries) -> BTreeMap<&str, &str> {
     ts.labels
@@ -165,8 +174,13 @@ fn genai_series_are_the_conventions_names_with_their_required_attributes() {
                     "{file}: {name} lacks the required {a}: {l:?}"
                 );
             }
-            // Conditionally required "if available": every engine here labels its model.
-            assert!(l.contains_key("gen_ai_request_model"), "{file}: {l:?}");
+            // Conditionally required "if available": every engine here but TGI labels
+            // its model.
+            assert_eq!(
+                l.contains_key("gen_ai_request_model"),
+                l["inference_engine"] != "tgi",
+                "{file}: {l:?}"
+            );
             assert_eq!(l["gen_ai_operation_name"], "chat", "the default");
             assert_eq!(l["gen_ai_provider_name"], l["inference_engine"]);
             seen.entry(m.prom_name.clone())
@@ -177,6 +191,13 @@ fn genai_series_are_the_conventions_names_with_their_required_attributes() {
     for m in &spec.metrics {
         let files = seen.get(&m.prom_name).map_or(0, BTreeSet::len);
         assert!(files >= 3, "{}: from {files} engine dumps", m.prom_name);
+    }
+    // Every engine scrape gives at least one spec family.
+    for f in ENGINE_SCRAPES {
+        assert!(
+            seen.values().any(|files| files.contains(f)),
+            "{f}: no gen_ai_* series"
+        );
     }
 }
 
@@ -247,7 +268,9 @@ fn genai_operation_and_provider_names_are_configurable() {
     }
     assert_eq!(
         providers.into_iter().collect::<Vec<_>>(),
-        ["dynamo", "my-vllm", "sglang"]
+        [
+            "dynamo", "lmdeploy", "my-vllm", "sglang", "tgi", "triton", "trtllm"
+        ]
     );
 }
 
