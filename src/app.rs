@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::config::{
     AutoCount, BUILTIN_PACKS, BackendConfig, BackendProtocolConfig, BuiltinPacks, Config,
-    ConfigError, NativeHistogramsConfig, QueueConfig, QueueType, TenancyConfig, WhenFullConfig,
-    yaml,
+    ConfigError, NativeHistogramsConfig, OtelNamesStrategy, QueueConfig, QueueType, TenancyConfig,
+    WhenFullConfig, yaml,
 };
 use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
 use crate::forward::{
@@ -204,6 +204,10 @@ impl Assemble for Config {
             }
             .unwrap_or(spec.default.is_on());
             if on {
+                let mut spec = spec;
+                if *name == "genai" {
+                    genai_options(self, &mut spec)?;
+                }
                 packs.push(spec);
             }
         }
@@ -240,8 +244,114 @@ impl Assemble for Config {
             &with_opts,
             &GlobalOptions {
                 drop_created_series: self.drop_created_series,
+                otel_names: otel_names(self.otel_names.strategy),
             },
         )?)
+    }
+}
+
+/// Writes `packs.genai` into the `genai` pack's copy rules: every
+/// `gen_ai_operation_name` the pack sets becomes `operation_name` (no engine's latency
+/// histograms carry an endpoint label), every `gen_ai_provider_name` (the engine's name
+/// in the pack) its entry in `provider_names`, if any. Both are required attributes of
+/// the conventions: an empty value (no label) is refused, as is an engine the pack does
+/// not know (a misspelt key would otherwise be silently ignored).
+fn genai_options(cfg: &Config, spec: &mut PackSpec) -> Result<(), ConfigError> {
+    const PROVIDER: &str = "gen_ai_provider_name";
+    let o = &cfg.packs.genai;
+    if o.operation_name.trim().is_empty() {
+        return Err(cfg.invalid_at(
+            "operation_name",
+            "",
+            "packs.genai.operation_name: empty (gen_ai_operation_name is a required attribute)",
+        ));
+    }
+    let engines: std::collections::BTreeSet<&str> = spec
+        .rules
+        .iter()
+        .filter_map(|r| r.set_labels.get(PROVIDER).map(String::as_str))
+        .collect();
+    for (engine, provider) in &o.provider_names {
+        if !engines.contains(engine.as_str()) {
+            let known: Vec<&str> = engines.iter().copied().collect();
+            return Err(cfg.invalid_at(
+                "provider_names",
+                engine,
+                format!(
+                    "packs.genai.provider_names: unknown engine {engine:?} (known: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if provider.trim().is_empty() {
+            return Err(cfg.invalid_at(
+                "provider_names",
+                engine,
+                format!(
+                    "packs.genai.provider_names.{engine}: empty (gen_ai_provider_name is a required attribute)"
+                ),
+            ));
+        }
+    }
+    for r in &mut spec.rules {
+        if let Some(v) = r.set_labels.get_mut("gen_ai_operation_name") {
+            v.clone_from(&o.operation_name);
+        }
+        if let Some(v) = r.set_labels.get_mut(PROVIDER)
+            && let Some(p) = o.provider_names.get(v.as_str())
+        {
+            v.clone_from(p);
+        }
+    }
+    // The copies are spelt like the instruments they stand for (`otel_names`): the pack
+    // writes them as Prometheus does by default.
+    let (from, to) = (
+        crate::mapping::OtelNames::default(),
+        otel_names(cfg.otel_names.strategy),
+    );
+    if from == to {
+        return Ok(());
+    }
+    let names: std::collections::BTreeMap<String, String> = spec
+        .otel
+        .iter()
+        .map(|i| {
+            let unit = i.unit.as_deref();
+            (from.spell(&i.name, unit), to.spell(&i.name, unit))
+        })
+        .collect();
+    let labels: std::collections::BTreeMap<String, String> = spec
+        .otel
+        .iter()
+        .flat_map(|i| &i.attributes)
+        .map(|a| (from.label(a), to.label(a)))
+        .collect();
+    let respell = |l: String| labels.get(&l).cloned().unwrap_or(l);
+    for r in &mut spec.rules {
+        if let Some(n) = r.rename.as_mut()
+            && let Some(t) = names.get(n.as_str())
+        {
+            n.clone_from(t);
+        }
+        for v in r.rename_labels.values_mut() {
+            *v = respell(std::mem::take(v));
+        }
+        r.set_labels = std::mem::take(&mut r.set_labels)
+            .into_iter()
+            .map(|(k, v)| (respell(k), v))
+            .collect();
+    }
+    Ok(())
+}
+
+/// The mapping stage's spelling for `otel_names.strategy`.
+fn otel_names(s: OtelNamesStrategy) -> crate::mapping::OtelNames {
+    use crate::mapping::OtelNames;
+    match s {
+        OtelNamesStrategy::UnderscoreWithSuffixes => OtelNames::UnderscoreWithSuffixes,
+        OtelNamesStrategy::UnderscoreWithoutSuffixes => OtelNames::UnderscoreWithoutSuffixes,
+        OtelNamesStrategy::Utf8WithSuffixes => OtelNames::Utf8WithSuffixes,
+        OtelNamesStrategy::Utf8WithoutSuffixes => OtelNames::Utf8WithoutSuffixes,
     }
 }
 

@@ -278,6 +278,11 @@ fn derived_expr(d: &Definition, peaks: &[(String, &Peak)], q: &Promql) -> Option
     match d.formula {
         Formula::Ratio => Some(ratio()),
         Formula::OnePlusRatio => Some(format!("1 + {}", ratio())),
+        Formula::ShareOfSum => Some(format!(
+            "{a} / (({a} + {}) > 0)",
+            q.rate(d.inputs[1], ""),
+            a = q.rate(d.inputs[0], "")
+        )),
         Formula::FlopsUtilisation => per_peak(|p| p.flops, &|sel| q.rate(d.inputs[0], sel)),
         Formula::BandwidthUtilisation => per_peak(|p| p.bandwidth, &|sel| {
             format!(
@@ -404,10 +409,21 @@ mod tests {
                 "1 + rate(vllm:spec_decode_num_accepted_tokens_total[1m]) / (rate(vllm:spec_decode_num_drafts_total[1m]) > 0)"
             )
         );
+        assert_eq!(
+            expr(&r, "nv_cache_hit_ratio"),
+            Some(
+                "rate(nv_cache_num_hits_per_model_total[1m]) / ((rate(nv_cache_num_hits_per_model_total[1m]) + rate(nv_cache_num_misses_per_model_total[1m])) > 0)"
+            )
+        );
         // Every ratio, no MFU/MBU without peaks, nothing summed by default.
         let ratios = DEFINITIONS
             .iter()
-            .filter(|d| matches!(d.formula, Formula::Ratio | Formula::OnePlusRatio))
+            .filter(|d| {
+                matches!(
+                    d.formula,
+                    Formula::Ratio | Formula::OnePlusRatio | Formula::ShareOfSum
+                )
+            })
             .count();
         assert_eq!(r.len(), ratios, "{r:#?}");
     }

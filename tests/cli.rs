@@ -198,7 +198,7 @@ fn explain_shows_the_series_and_its_genai_copy() {
         "pack vllm rule 4 (renamed to inter_token_latency (0.11)) → vllm:inter_token_latency_seconds_bucket",
         "→ gen_ai_server_time_per_output_token_seconds_bucket (a copy, beside the series)",
         r#"result: vllm:inter_token_latency_seconds_bucket{engine="0",le="0.1",model_name="m"}"#,
-        r#"copy: gen_ai_server_time_per_output_token_seconds_bucket{engine="0",gen_ai_request_model="m",inference_engine="vllm",le="0.1"}"#,
+        r#"copy: gen_ai_server_time_per_output_token_seconds_bucket{engine="0",gen_ai_operation_name="chat",gen_ai_provider_name="vllm",gen_ai_request_model="m",inference_engine="vllm",le="0.1"}"#,
     ] {
         assert!(out.contains(want), "{want:?} in {out}");
     }
@@ -212,11 +212,25 @@ fn explain_shows_the_series_and_its_genai_copy() {
     assert!(ok, "{err}");
     for want in [
         "dynamo_frontend_request_duration_seconds_bucket:",
-        "label model → gen_ai_request_model; sets inference_engine=\"dynamo\" → gen_ai_server_request_duration_seconds_bucket (a copy, beside the series)",
+        "label model → gen_ai_request_model; sets gen_ai_operation_name=\"chat\"; sets gen_ai_provider_name=\"dynamo\"; sets inference_engine=\"dynamo\" → gen_ai_server_request_duration_seconds_bucket (a copy, beside the series)",
         "→ gen_ai_server_request_duration_seconds_count (a copy, beside the series)",
     ] {
         assert!(out.contains(want), "{want:?} in {out}");
     }
+    // The configured values of the required attributes (packs.genai).
+    let cfg = tmp(
+        "genai-options.yaml",
+        "listen: 127.0.0.1:9201\npacks:\n  builtin: {genai: true}\n  genai:\n    operation_name: text_completion\n    provider_names: {dynamo: edge}\n",
+    );
+    let (ok, out, err) = promnorm(&[
+        "explain",
+        "--config",
+        &cfg,
+        r#"dynamo_frontend_request_duration_seconds_count{model="m"}"#,
+    ]);
+    assert!(ok, "{err}");
+    let want = r#"copy: gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="text_completion",gen_ai_provider_name="edge",gen_ai_request_model="m",inference_engine="dynamo"}"#;
+    assert!(out.contains(want), "{want:?} in {out}");
     // Off by default: no copy.
     let (ok, out, _) = promnorm(&["explain", "dynamo_frontend_request_duration_seconds_count"]);
     assert!(ok);

@@ -45,6 +45,7 @@ const FREE_FORM: &[&str] = &[
     "headers",
     "keep_original",
     "sum_over_ranks",
+    "provider_names",
     "builtin",
     "match",
 ];

@@ -515,7 +515,7 @@ async fn dashboard_and_alert_metrics_are_in_a_live_scrape() {
 fn is_fleet_metric(name: &str) -> bool {
     name.contains(':')
         || [
-            "DCGM_", "mooncake", "lmcache", "sglang", "vllm", "node_", "master_", "dynamo_",
+            "DCGM_", "mooncake", "lmcache", "sglang", "vllm", "node_", "master_", "dynamo_", "nv_",
         ]
         .iter()
         .any(|p| name.starts_with(p))
@@ -608,6 +608,7 @@ fn llm_serving_dashboard_queries_only_normalised_names() {
         "DCGM_FI_DEV_FB_USED_bytes",
         "sglang:kv_transfer_latency_seconds_bucket",
         "mooncake_transfer_get_latency_seconds_bucket",
+        "nv_cache_hit_ratio",
     ] {
         assert!(
             used.contains(expected),

@@ -192,6 +192,15 @@ fn exposition(t: f64) -> String {
     counter(&mut fams, "lmcache:num_hit_tokens_total", l, 200.0);
     counter(&mut fams, "lmcache:num_lookup_tokens_total", l, 700.0);
     counter(&mut fams, "lmcache:num_lookup_hits_total", l, 350.0);
+    // Triton's response cache: counters without `_total`, as Triton writes them (the
+    // triton pack adds it); hit ratio 0.4.
+    let l = "model=\"ensemble\",version=\"1\"";
+    for (name, rate) in [
+        ("nv_cache_num_hits_per_model", 40.0),
+        ("nv_cache_num_misses_per_model", 60.0),
+    ] {
+        add(&mut fams, name, "counter", name, l, rate * t);
+    }
     // SGLang with two tensor-parallel ranks: logical families repeat on every rank
     // (rank 0 kept), physical ones differ per rank (kept, and summed).
     for r in 0..2 {
@@ -523,7 +532,12 @@ async fn the_ruler_computes_what_the_proxy_computes() {
         .map(|d| {
             let n = match d.name {
                 "vllm:mfu_ratio" | "vllm:mbu_ratio" => 2, // mistral-7b has no peak
-                n if n.starts_with("sglang:") || n.starts_with("lmcache") => 1,
+                n if n.starts_with("sglang:")
+                    || n.starts_with("lmcache")
+                    || n.starts_with("nv_") =>
+                {
+                    1
+                }
                 _ => VLLM.len(),
             };
             (d.name.to_string(), d.name.to_string(), n)

@@ -354,8 +354,10 @@ fn genai_adds_copies_and_leaves_the_engine_series_alone() {
             model
         )
     );
+    // The conventions' required attributes on every copy (tests/genai_spec.rs checks all).
+    let vllm_attrs = r#"gen_ai_operation_name="chat",gen_ai_provider_name="vllm","#;
     assert!(vllm.contains(&format!(
-        "gen_ai_server_request_duration_seconds_count{{{vllm_e}{model},inference_engine=\"vllm\"}}"
+        "gen_ai_server_request_duration_seconds_count{{{vllm_e}{vllm_attrs}{model},inference_engine=\"vllm\"}}"
     )));
 
     let sglang = run("dump-sglang-0.5.7to0.5.9-dynamo-a7b23c0.prom");
@@ -367,10 +369,10 @@ fn genai_adds_copies_and_leaves_the_engine_series_alone() {
         ),
         300.0
     );
-    assert!(sglang.contains(r#"gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="Qwen/Qwen3-0.6B",inference_engine="sglang"} 1 "#));
+    assert!(sglang.contains(r#"gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_provider_name="sglang",gen_ai_request_model="Qwen/Qwen3-0.6B",inference_engine="sglang"} 1 "#));
 
     let dynamo = run("dump-dynamo-frontend-ce30a76.prom");
-    assert!(dynamo.contains(r#"gen_ai_server_tokens_total{gen_ai_request_model="qwen/qwen3-0.6b",gen_ai_token_type="output",inference_engine="dynamo"} 300 "#));
+    assert!(dynamo.contains(r#"gen_ai_server_tokens_total{gen_ai_operation_name="chat",gen_ai_provider_name="dynamo",gen_ai_request_model="qwen/qwen3-0.6b",gen_ai_token_type="output",inference_engine="dynamo"} 300 "#));
     assert!(
         !dynamo.contains(r#"gen_ai_token_type="input",inference_engine="dynamo""#),
         "the Dynamo frontend has no input token counter"

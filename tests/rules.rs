@@ -800,6 +800,50 @@ fn user_pack_pipeline(tag: &str, pack: &str, builtin: &str) -> Result<Pipeline, 
     Ok(Pipeline::new(Arc::new(rules?), PipelineLimits::default()))
 }
 
+/// A rule's `help:` replaces the forwarded HELP of the family it writes (and of a copy,
+/// the copy's only), rescaled or not; without it the input's HELP goes on.
+#[test]
+fn rule_help_replaces_the_forwarded_help() {
+    use pb::metric_metadata::MetricType as T;
+    let pack = "pack: mine
+rules:
+  - match: {family: q_ms}
+    type: gauge
+    rename: q_seconds
+    scale: 1/1000
+    help: Queue wait.
+  - match: {family: depth}
+    type: gauge
+    rename: depth_items
+    help: Items queued.
+  - match: {family: depth_items}
+    type: gauge
+    copy: true
+    rename: backlog_items
+    help: Backlog.
+  - match: {family: plain}
+    type: gauge
+    rename: plain2
+";
+    let p = user_pack_pipeline("help", pack, "none").unwrap_or_else(|e| panic!("{e}"));
+    let out = run(
+        &p,
+        &pb::WriteRequest {
+            timeseries: vec![],
+            metadata: vec![
+                metadata("q_ms", T::Gauge, "Queue wait in ms", ""),
+                metadata("depth", T::Gauge, "d", ""),
+                metadata("plain", T::Gauge, "p", ""),
+            ],
+        },
+    );
+    let help = |n: &str| metadata_of(&out, n).first().map(|m| m.help.clone());
+    assert_eq!(help("q_seconds").as_deref(), Some("Queue wait."));
+    assert_eq!(help("depth_items").as_deref(), Some("Items queued."));
+    assert_eq!(help("backlog_items").as_deref(), Some("Backlog."));
+    assert_eq!(help("plain2").as_deref(), Some("p"));
+}
+
 #[test]
 fn copy_rules_add_a_series_beside_the_original() {
     let pack = "pack: mine
@@ -949,8 +993,23 @@ fn genai_copies_carry_metadata_beside_the_engine_family() {
         ]
     );
     assert_eq!(out.metadata[1].unit, "seconds");
-    assert_eq!(out.metadata[1].help, "e2e");
-    assert_eq!(out.metadata[5].help, "prompt");
+    // The conventions' description, not the engine's HELP; the token counter, not in
+    // the conventions, says it is promnorm's.
+    assert_eq!(
+        out.metadata[1].help,
+        "Generative AI server request duration such as time-to-last byte or last output token."
+    );
+    assert_eq!(
+        out.metadata[2].help, "tpot",
+        "the engine family's own, untouched"
+    );
+    assert!(
+        out.metadata[5]
+            .help
+            .starts_with("promnorm extension, not an OpenTelemetry GenAI"),
+        "{}",
+        out.metadata[5].help
+    );
 }
 
 /// A split value with its own `type`, `scale` and `unit` (the TensorRT-LLM Triton

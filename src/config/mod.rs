@@ -41,6 +41,8 @@ pub struct Config {
     pub keep_original: bool,
     /// Drop `*_created` series (they hold a timestamp, not a value).
     pub drop_created_series: bool,
+    /// The one spelling OpenTelemetry-originated names are written in (issue 22).
+    pub otel_names: OtelNamesConfig,
     /// Give `_total` to series of families that metadata says are counters and that no
     /// pack knows (learnt across requests; names change once the metadata arrives).
     pub metadata_total_fix: bool,
@@ -82,6 +84,7 @@ impl Default for Config {
             packs: PacksConfig::default(),
             keep_original: false,
             drop_created_series: true,
+            otel_names: OtelNamesConfig::default(),
             metadata_total_fix: false,
             ingest_auth: None,
             shutdown_timeout: Duration::from_secs(30),
@@ -732,6 +735,59 @@ pub struct PacksConfig {
     /// Per-pack overrides of `rank_dedup.sum_over_ranks` (e.g. `{sglang: true}`).
     #[serde(default)]
     pub sum_over_ranks: BTreeMap<String, bool>,
+    /// The `genai` pack's values of the attributes the OpenTelemetry GenAI conventions
+    /// require (`gen_ai_operation_name`, `gen_ai_provider_name`).
+    #[serde(default)]
+    pub genai: GenaiOptions,
+}
+
+/// `otel_names`: how names (and attribute label names) of OpenTelemetry instruments that
+/// packs declare are spelt on the way out, whichever of the four spellings they arrive in.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtelNamesConfig {
+    pub strategy: OtelNamesStrategy,
+}
+
+/// Prometheus' OTLP translation strategies, by what they write: `_` for every character
+/// outside `[a-zA-Z0-9_:]` or the name as it is (UTF-8), with or without the unit and
+/// `_total` suffixes. The default is Prometheus 2.x's and 3.x's
+/// (`UnderscoreEscapingWithSuffixes`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OtelNamesStrategy {
+    #[default]
+    UnderscoreWithSuffixes,
+    UnderscoreWithoutSuffixes,
+    Utf8WithSuffixes,
+    Utf8WithoutSuffixes,
+}
+
+/// Values of the `genai` copies' required attributes that no engine series carries.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GenaiOptions {
+    /// `gen_ai_operation_name` of copies whose engine series say nothing of the endpoint
+    /// (every engine today: their latency histograms carry no endpoint label).
+    #[serde(default = "default_genai_operation")]
+    pub operation_name: String,
+    /// Engine (`vllm`, `sglang`, `dynamo`, …) → `gen_ai_provider_name`; an engine not
+    /// listed is its own provider name.
+    #[serde(default)]
+    pub provider_names: BTreeMap<String, String>,
+}
+
+impl Default for GenaiOptions {
+    fn default() -> Self {
+        GenaiOptions {
+            operation_name: default_genai_operation(),
+            provider_names: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_genai_operation() -> String {
+    "chat".into()
 }
 
 impl Default for PacksConfig {
@@ -741,6 +797,7 @@ impl Default for PacksConfig {
             files: Vec::new(),
             keep_original: BTreeMap::new(),
             sum_over_ranks: BTreeMap::new(),
+            genai: GenaiOptions::default(),
         }
     }
 }

@@ -9,6 +9,8 @@ pub enum Formula {
     Ratio,
     /// 1 + Δinput0 / Δinput1.
     OnePlusRatio,
+    /// Δinput0 / (Δinput0 + Δinput1): hits over hits plus misses.
+    ShareOfSum,
     /// (Δinput0 / dt) / peak FLOP/s.
     FlopsUtilisation,
     /// ((Δinput0 + Δinput1) / dt) / peak bytes/s.
@@ -100,6 +102,15 @@ pub const DEFINITIONS: &[Definition] = &[
             "lmcache:num_lookup_tokens_total",
         ],
     ),
+    // Triton's response cache (core src/metrics.cc): hits and misses are counted apart.
+    Definition {
+        name: "nv_cache_hit_ratio",
+        inputs: &[
+            "nv_cache_num_hits_per_model_total",
+            "nv_cache_num_misses_per_model_total",
+        ],
+        formula: Formula::ShareOfSum,
+    },
     Definition {
         name: "vllm:mfu_ratio",
         inputs: &["vllm:estimated_flops_per_gpu_total"],

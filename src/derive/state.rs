@@ -312,6 +312,7 @@ impl SeriesState {
         let value = match def.formula {
             Formula::Ratio if delta[1] > 0.0 => delta[0] / delta[1],
             Formula::OnePlusRatio if delta[1] > 0.0 => 1.0 + delta[0] / delta[1],
+            Formula::ShareOfSum if delta[0] + delta[1] > 0.0 => delta[0] / (delta[0] + delta[1]),
             Formula::FlopsUtilisation if dt > 0.0 && self.peak > 0.0 => delta[0] / dt / self.peak,
             Formula::BandwidthUtilisation if dt > 0.0 && self.peak > 0.0 => {
                 (delta[0] + delta[1]) / dt / self.peak

@@ -14,5 +14,5 @@ pub mod unroll;
 pub use apply::{
     CounterFamilies, MapContext, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
 };
-pub use compile::{CompileError, GlobalOptions, MetadataPlan, PackOptions, Rules};
+pub use compile::{CompileError, GlobalOptions, MetadataPlan, OtelNames, PackOptions, Rules};
 pub use spec::PackSpec;

@@ -98,6 +98,10 @@ pub struct RuleSpec {
     /// Unit written into forwarded metadata for the family.
     #[serde(default)]
     pub unit: Option<String>,
+    /// HELP written into forwarded metadata for the family, in place of the input's
+    /// (names defined by a standard carry the standard's description).
+    #[serde(default)]
+    pub help: Option<String>,
     #[serde(default)]
     pub rename_labels: BTreeMap<String, String>,
     /// label → (old value → new value)
@@ -197,6 +201,10 @@ pub struct OtelSpec {
     pub unit: Option<String>,
     #[serde(default, rename = "type")]
     pub family_type: FamilyType,
+    /// Attribute keys (`gen_ai.operation.name`) whose label names follow the spelling of
+    /// the instrument's name (escaped `gen_ai_operation_name`, or as registered).
+    #[serde(default)]
+    pub attributes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -139,6 +139,7 @@ pub(crate) fn test_rules(pack_yaml: &str) -> crate::mapping::Rules {
         )],
         &GlobalOptions {
             drop_created_series: false,
+            otel_names: Default::default(),
         },
     )
     .expect("test pack compiles")

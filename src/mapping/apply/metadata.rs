@@ -134,12 +134,13 @@ impl Mapper {
                     .as_deref()
                     .map(str::as_bytes)
                     .unwrap_or(md.unit.bytes(buf));
-                let help = match o.rescale {
-                    Some(f) => {
+                let help = match (o.help.as_deref(), o.rescale) {
+                    (Some(h), _) => h.as_bytes(),
+                    (None, Some(f)) => {
                         meta::rewrite_help(md.help.bytes(buf), f, o.help_unit, &mut self.help_buf);
                         &self.help_buf[..]
                     }
-                    None => md.help.bytes(buf),
+                    (None, None) => md.help.bytes(buf),
                 };
                 let metric_type = o.family_type.and_then(wire_type).unwrap_or(md.metric_type);
                 write_metadata(out, metric_type, o.name.as_bytes(), help, unit);

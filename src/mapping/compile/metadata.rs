@@ -7,13 +7,14 @@ type SplitNames<'a> = (&'a [(Box<str>, Box<str>)], &'a [SplitOutput]);
 
 /// What one linear plan (a series' own, or a copy's) makes of its family's metadata:
 /// `None` when it drops the family. Only unconditional steps count: metadata carries no
-/// labels to match. `strip` is the series suffix the family was probed with; `unit` the
-/// rule's `unit:`, if any.
+/// labels to match. `strip` is the series suffix the family was probed with; `unit` and
+/// `help` the rule's `unit:` and `help:`, if any.
 pub(super) fn metadata_outputs(
     steps: &[Step],
     family: &str,
     strip: &str,
     unit: Option<&str>,
+    help: Option<&str>,
 ) -> Option<Vec<MetadataOutput>> {
     let mut name: Option<&str> = None;
     let mut split: Option<SplitNames<'_>> = None;
@@ -63,6 +64,7 @@ pub(super) fn metadata_outputs(
                 rescale,
                 help_unit,
                 family_type: out.family_type,
+                help: help.map(Into::into),
             }
         })
         .collect();
@@ -84,12 +86,16 @@ impl Rules {
             };
             let Some(plan) = plan else { continue };
             let unit = self.unit_for(&probe);
-            let Some(main) = metadata_outputs(&plan.steps, family, strip, unit.as_deref()) else {
+            let help = self.help_for(&probe);
+            let Some(main) =
+                metadata_outputs(&plan.steps, family, strip, unit.as_deref(), help.as_deref())
+            else {
                 return Some(MetadataPlan::default());
             };
             // The series' own metadata is unchanged: forwarded as it is, beside the copies'.
             let unchanged = main.len() == 1
                 && main[0].unit.is_none()
+                && main[0].help.is_none()
                 && main[0].rescale.is_none()
                 && &*main[0].name == family;
             if unchanged && plan.copies.is_empty() {
@@ -99,7 +105,8 @@ impl Rules {
             for c in &plan.copies {
                 let unit = c.unit.as_deref().or(unit.as_deref());
                 outputs.extend(
-                    metadata_outputs(&c.plan.steps, family, strip, unit).unwrap_or_default(),
+                    metadata_outputs(&c.plan.steps, family, strip, unit, c.help.as_deref())
+                        .unwrap_or_default(),
                 );
             }
             return Some(MetadataPlan {
@@ -131,5 +138,13 @@ impl Rules {
             .iter()
             .find(|r| r.unit.is_some() && !r.copy && self.cover(r, name).is_some())
             .and_then(|r| r.unit.clone())
+    }
+
+    /// The `help:` of the (non-copy) rule covering `name`, if any.
+    pub(super) fn help_for(&self, name: &str) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|r| r.help.is_some() && !r.copy && self.cover(r, name).is_some())
+            .and_then(|r| r.help.clone())
     }
 }

@@ -54,6 +54,7 @@ struct CompiledRule {
     rename: Option<String>,
     scale: Option<Factor>,
     unit: Option<String>,
+    help: Option<String>,
     rename_labels: Vec<(Box<str>, Box<str>)>,
     label_values: Vec<(Box<str>, Box<str>, Box<str>)>,
     split: Option<Split>,
@@ -106,6 +107,68 @@ pub struct PackOptions {
 #[derive(Clone, Debug)]
 pub struct GlobalOptions {
     pub drop_created_series: bool,
+    /// The spelling every `otel:` instrument is written in.
+    pub otel_names: OtelNames,
+}
+
+/// How an OpenTelemetry instrument's name and attribute keys are spelt on the way out:
+/// escaped (`_` for every character outside `[a-zA-Z0-9_:]`) or as registered (UTF-8),
+/// with or without the unit suffix and a counter's `_total`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OtelNames {
+    #[default]
+    UnderscoreWithSuffixes,
+    UnderscoreWithoutSuffixes,
+    Utf8WithSuffixes,
+    Utf8WithoutSuffixes,
+}
+
+impl OtelNames {
+    pub fn utf8(self) -> bool {
+        matches!(
+            self,
+            OtelNames::Utf8WithSuffixes | OtelNames::Utf8WithoutSuffixes
+        )
+    }
+
+    /// An instrument's family name in this spelling (`unit`: its Prometheus word).
+    pub fn spell(self, name: &str, unit: Option<&str>) -> String {
+        let base = if self.utf8() {
+            name.to_string()
+        } else {
+            rule::otel_escape(name)
+        };
+        match unit.filter(|u| !u.is_empty() && self.suffixes()) {
+            Some(u) if !base.ends_with(&format!("_{u}")) => format!("{base}_{u}"),
+            _ => base,
+        }
+    }
+
+    /// An attribute key's label name in this spelling.
+    pub fn label(self, key: &str) -> String {
+        if self.utf8() {
+            key.to_string()
+        } else {
+            rule::otel_escape(key)
+        }
+    }
+
+    /// The `otel_names.strategy` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            OtelNames::UnderscoreWithSuffixes => "underscore_with_suffixes",
+            OtelNames::UnderscoreWithoutSuffixes => "underscore_without_suffixes",
+            OtelNames::Utf8WithSuffixes => "utf8_with_suffixes",
+            OtelNames::Utf8WithoutSuffixes => "utf8_without_suffixes",
+        }
+    }
+
+    pub fn suffixes(self) -> bool {
+        matches!(
+            self,
+            OtelNames::UnderscoreWithSuffixes | OtelNames::Utf8WithSuffixes
+        )
+    }
 }
 
 /// Phases, in the order they apply (documented in docs/rules.md, "Phase order").
@@ -137,6 +200,7 @@ impl Rules {
             &[],
             &GlobalOptions {
                 drop_created_series: false,
+                otel_names: OtelNames::default(),
             },
         )
         .expect("empty rule set compiles")
@@ -177,7 +241,12 @@ impl Rules {
                 rules.push(r);
             }
             for (oi, o) in pack.otel.iter().enumerate() {
-                rules.extend(compile_otel(pid, pack.rules.len() + oi, o));
+                rules.extend(compile_otel(
+                    pid,
+                    pack.rules.len() + oi,
+                    o,
+                    global.otel_names,
+                ));
             }
             if let Some(d) = &pack.rank_dedup {
                 if d.prefixes.is_empty() {

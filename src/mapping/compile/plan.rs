@@ -56,6 +56,7 @@ impl Rules {
                 plan.copies.push(CopyPlan {
                     plan: copy,
                     unit: r.unit.as_deref().map(Into::into),
+                    help: r.help.as_deref().map(Into::into),
                 });
                 continue;
             }

@@ -143,6 +143,7 @@ pub(super) fn compile_rule(
         rename: spec.rename.clone(),
         scale,
         unit: spec.unit.clone(),
+        help: spec.help.clone(),
         rename_labels: spec
             .rename_labels
             .iter()
@@ -169,16 +170,10 @@ pub(super) fn compile_rule(
     })
 }
 
-/// Expands one OpenTelemetry instrument into exact rules for each shape the exporters
-/// and collectors produce, all landing on the OpenTelemetry Prometheus exporter's name.
-pub(super) fn compile_otel(
-    pack: u16,
-    index: usize,
-    o: &crate::mapping::spec::OtelSpec,
-) -> Vec<CompiledRule> {
-    let underscored: String = o
-        .name
-        .chars()
+/// Prometheus' escaping of an OpenTelemetry name or attribute key: `_` for every
+/// character outside `[a-zA-Z0-9_:]`.
+pub(crate) fn otel_escape(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == ':' {
                 c
@@ -186,45 +181,97 @@ pub(super) fn compile_otel(
                 '_'
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Expands one OpenTelemetry instrument into exact rules for each of the four spellings
+/// exporters and collectors produce (escaped or UTF-8, with or without the unit and
+/// `_total` suffixes), all landing on the one `strategy` names; its attributes' label
+/// names follow (escaped, or as registered for a UTF-8 strategy).
+pub(super) fn compile_otel(
+    pack: u16,
+    index: usize,
+    o: &crate::mapping::spec::OtelSpec,
+    strategy: super::OtelNames,
+) -> Vec<CompiledRule> {
+    let underscored = otel_escape(&o.name);
     let unit_suffix = o
         .unit
         .as_deref()
         .filter(|u| !u.is_empty())
         .map(|u| format!("_{u}"));
-    let with_unit = match &unit_suffix {
-        Some(u) if !underscored.ends_with(u.as_str()) => format!("{underscored}{u}"),
-        _ => underscored.clone(),
+    let with_unit = |n: &str| match &unit_suffix {
+        Some(u) if !n.ends_with(u.as_str()) => format!("{n}{u}"),
+        _ => n.to_string(),
     };
-    let mut shapes = vec![o.name.clone(), underscored.clone(), with_unit.clone()];
-    if let Some(u) = &unit_suffix {
-        // Dotted name with the unit suffix (Prometheus 3 with UTF-8 names and suffixes).
-        shapes.push(format!("{}{u}", o.name));
-    }
+    let target = match (strategy.utf8(), strategy.suffixes()) {
+        (false, true) => with_unit(&underscored),
+        (false, false) => underscored.clone(),
+        (true, true) => with_unit(&o.name),
+        (true, false) => o.name.clone(),
+    };
+    let mut shapes = vec![
+        o.name.clone(),
+        underscored.clone(),
+        with_unit(&underscored),
+        with_unit(&o.name),
+    ];
     shapes.sort();
     shapes.dedup();
-    shapes
+    // A counter without suffixes is written without `_total`: each shape, with or
+    // without it, is matched as a plain name (a counter rule would add `_total`).
+    let bare_counter = !strategy.suffixes() && o.family_type == FamilyType::Counter;
+    let matchers: Vec<(Vec<Box<str>>, FamilyType)> = shapes
+        .into_iter()
+        .map(|shape| {
+            if bare_counter {
+                let total = format!("{shape}_total").into_boxed_str();
+                (vec![shape.into_boxed_str(), total], FamilyType::Gauge)
+            } else {
+                (vec![shape.into_boxed_str()], o.family_type)
+            }
+        })
+        .collect();
+    let rename_labels: Vec<(Box<str>, Box<str>)> = o
+        .attributes
+        .iter()
+        .map(|a| (a.as_str(), otel_escape(a)))
+        .filter(|(a, e)| a != e)
+        .map(|(a, e)| {
+            if strategy.utf8() {
+                (e.into_boxed_str(), a.into())
+            } else {
+                (a.into(), e.into_boxed_str())
+            }
+        })
+        .collect();
+    matchers
         .into_iter()
         .enumerate()
-        .map(|(i, shape)| CompiledRule {
+        .map(|(i, (names, family_type))| CompiledRule {
             pack,
             index: index * 16 + i,
             phase: PHASE_MIGRATE,
-            matcher: Matcher::Exact(vec![shape.into_boxed_str()]),
-            family_type: o.family_type,
+            matcher: Matcher::Exact(names),
+            family_type,
             when: Vec::new(),
             drop: None,
-            rename: Some(with_unit.clone()),
+            rename: Some(target.clone()),
             scale: None,
             unit: o.unit.clone(),
-            rename_labels: Vec::new(),
+            help: None,
+            rename_labels: rename_labels.clone(),
             label_values: Vec::new(),
             split: None,
             set_labels: Vec::new(),
             drop_labels: Vec::new(),
             copy: false,
             native_keep_unit: false,
-            describe: format!("otel instrument {}", o.name),
+            describe: format!(
+                "otel instrument {} (otel_names: {})",
+                o.name,
+                strategy.name()
+            ),
         })
         .collect()
 }

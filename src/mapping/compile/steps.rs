@@ -133,6 +133,8 @@ pub struct CopyPlan {
     pub plan: Plan,
     /// The copy rule's `unit:`, for the copy's metadata.
     pub unit: Option<Box<str>>,
+    /// The copy rule's `help:`, for the copy's metadata.
+    pub help: Option<Box<str>>,
 }
 
 /// What one family's forwarded metadata becomes ([`Rules::metadata_plan`]).
@@ -156,6 +158,8 @@ pub struct MetadataOutput {
     pub help_unit: Option<crate::mapping::meta::NameUnit>,
     /// The type to write; `None`: the input's (a split value with its own `type:`).
     pub family_type: Option<FamilyType>,
+    /// The HELP to write in place of the input's (a rule's `help:`).
+    pub help: Option<Box<str>>,
 }
 
 /// How a name resolves.
