@@ -6,6 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use promnorm::app::Assemble;
+use promnorm::config::Config;
 use promnorm::mapping::{Rules, STALE_NAN_BITS};
 use promnorm::pipeline::{Pipeline, PipelineLimits};
 use promnorm::wire::proto::prometheus as pb;
@@ -227,4 +229,78 @@ proptest! {
         let _ = p.process(&mut ws, &bytes);
         let _ = p.process(&mut ws, &compress(&bytes));
     }
+}
+
+// The pipeline's fast path (issue 23): a request no rule touched leaves as the sender's
+// own compressed body.
+fn untouched_request(name: &str) -> Vec<u8> {
+    let label = |n: &str, v: &str| pb::Label {
+        name: n.into(),
+        value: v.into(),
+    };
+    pb::WriteRequest {
+        timeseries: (0..50)
+            .map(|i| pb::TimeSeries {
+                labels: vec![
+                    label("__name__", name),
+                    label("instance", &format!("node-{i}:8000")),
+                    label("job", "vllm"),
+                ],
+                samples: vec![pb::Sample {
+                    value: f64::from(i),
+                    timestamp: 1_700_000_000_000,
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Valid snappy that no compressor writes (one literal, no back-references), so that
+/// a body compressed again is told apart from the sender's own.
+fn literal_snappy(raw: &[u8]) -> Vec<u8> {
+    assert!((61..=65_536).contains(&raw.len()));
+    let mut out = Vec::new();
+    promnorm::wire::pb::put_varint(&mut out, raw.len() as u64);
+    out.push(61 << 2); // literal, length - 1 in the next two bytes
+    out.extend_from_slice(&((raw.len() - 1) as u16).to_le_bytes());
+    out.extend_from_slice(raw);
+    out
+}
+
+#[test]
+fn a_request_no_rule_touches_is_forwarded_as_its_own_body() {
+    let pipeline = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
+    let mut ws = pipeline.take_workspace();
+    let raw = untouched_request("vllm:num_requests_running");
+    let body = literal_snappy(&raw);
+    pipeline.process(&mut ws, &body).unwrap();
+    assert_eq!(ws.encoded, raw);
+    // (Not assert_eq: a failure would print both bodies.)
+    assert!(
+        ws.compressed() == &body[..],
+        "the sender's body, not compressed again"
+    );
+    // A body the rules change: compressed from the output.
+    let cfg = Config::embedded_default();
+    let packs = cfg.pipeline().unwrap();
+    let renamed = literal_snappy(&untouched_request("vllm:gpu_prefix_cache_hits_total"));
+    packs.process(&mut ws, &renamed).unwrap();
+    assert!(ws.compressed() != &renamed[..]);
+    let out = snap::raw::Decoder::new()
+        .decompress_vec(ws.compressed())
+        .unwrap();
+    assert_eq!(out, ws.encoded);
+    assert!(
+        out.windows(28)
+            .any(|w| w == b"vllm:prefix_cache_hits_total")
+    );
+    // A 1.0 body the pipeline does not copy out (process_raw) is compressed.
+    pipeline.process_raw(&mut ws, &raw).unwrap();
+    let out = snap::raw::Decoder::new()
+        .decompress_vec(ws.compressed())
+        .unwrap();
+    assert_eq!(out, raw);
 }
