@@ -825,11 +825,7 @@ impl Walk<'_> {
             let f = v.factor.then(v.factor);
             return v.with_factor(f);
         }
-        let f = v.factor;
-        let constant = v.constant;
-        v = v.with_factor(f);
         v.le = le;
-        v.constant = constant;
         v
     }
 

@@ -78,8 +78,8 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
     let mut entries = Vec::new();
     let mut changed = false;
     let mut new_exprs: Vec<Option<String>> = Vec::new();
-    // Per rule: the label renames of its expression, and the text of its templates.
-    let mut per_rule: Vec<(Vec<(String, String)>, String)> = Vec::new();
+    // Per rule: the label renames of its expression.
+    let mut per_rule: Vec<Vec<(String, String)>> = Vec::new();
     for (gi, g) in file.groups.iter_mut().enumerate() {
         for (ri, rule) in g.rules.iter_mut().enumerate() {
             let what = match (&rule.record, &rule.alert) {
@@ -120,12 +120,7 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
                 changed = true;
             }
             new_exprs.push(r.changed.then(|| r.query.clone()));
-            let templates: String = [&rule.annotations, &rule.labels]
-                .into_iter()
-                .flatten()
-                .flat_map(|m| m.values().cloned())
-                .collect();
-            per_rule.push((r.label_renames.clone(), templates));
+            per_rule.push(r.label_renames.clone());
             if r.changed || !findings.is_empty() || !r.old_references.is_empty() {
                 entries.push(Entry {
                     location,
@@ -157,19 +152,16 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
 
 /// The label renames that can be applied to the whole text: those of which every rule
 /// whose templates name `$labels.old` renames `old` the same way.
-fn safe_renames(
-    per_rule: &[(Vec<(String, String)>, String)],
-    originals: &[String],
-) -> Vec<(String, String)> {
+fn safe_renames(per_rule: &[Vec<(String, String)>], originals: &[String]) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
-    for (renames, _) in per_rule {
+    for renames in per_rule {
         for pair in renames {
             let mention = format!("$labels.{}", pair.0);
             let everywhere = per_rule
                 .iter()
                 .zip(originals)
                 .filter(|(_, text)| text.contains(&mention))
-                .all(|((r, _), _)| r.contains(pair));
+                .all(|(r, _)| r.contains(pair));
             if everywhere && !out.contains(pair) {
                 out.push(pair.clone());
             }
