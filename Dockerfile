@@ -10,7 +10,8 @@ COPY proto proto
 COPY mappings mappings
 COPY src src
 COPY benches benches
-RUN cargo build --release --locked --bin promnorm
+# No default features: the image needs no synthetic fleet generator (`testkit`).
+RUN cargo build --release --locked --no-default-features --bin promnorm
 
 # Run: distroless (glibc, CA roots, no shell) as a non-root user.
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -1,5 +1,5 @@
 //! Criterion benches of every pipeline stage and of the whole pipeline, on requests of the
-//! synthetic LLM-inference fleet of `tests/support/fleet.rs` (built in process before
+//! synthetic LLM-inference fleet of `promnorm::testkit::fleet` (built in process before
 //! measuring): 2,000-series requests (the shape Prometheus sends with
 //! max_samples_per_send: 2000) and 10,000-series requests (`Mode::Large`). Throughput is
 //! in samples; BENCHMARKS.md converts to bytes/s.
@@ -35,9 +35,8 @@ use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::split::{SplitOptions, TenantSplit};
 use promnorm::wire::{DecodeLimits, DecodedRequest, snappy};
 
-#[path = "../tests/support/fleet.rs"]
-mod fleet;
-#[path = "../tests/support/native.rs"]
+use promnorm::testkit::fleet;
+#[path = "../tests/common/native.rs"]
 mod native;
 
 fn decompress(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {

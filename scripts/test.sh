@@ -21,7 +21,7 @@ if [[ ! -x $PROM ]]; then
 fi
 "$PROM" --version 2>&1 | head -n1 >&2
 
-# VictoriaMetrics single-node, one receiver of the fault suite (tests/e2e_queue_faults.rs).
+# VictoriaMetrics single-node, one receiver of the fault suite (tests/e2e/queue_faults.rs).
 VM=$BIN_DIR/usr/bin/victoria-metrics
 if [[ ! -x $VM ]]; then
   echo "[test] fetching Debian's victoria-metrics into $BIN_DIR" >&2
@@ -40,7 +40,7 @@ export VICTORIA_METRICS_BIN=$VM
 export PROMETHEUS_BIN=$PROM
 export PROMNORM_E2E=1
 
-# Headless Chromium for the browser test of the web UI (tests/e2e_ui.rs). Debian's
+# Headless Chromium for the browser test of the web UI (tests/e2e/ui.rs). Debian's
 # chromium needs too many libraries for dpkg -x, so it is installed with apt-get (as
 # root) when absent.
 if ! command -v chromium >/dev/null 2>&1; then
@@ -51,7 +51,7 @@ if ! command -v chromium >/dev/null 2>&1; then
       apt-get install -y -qq --no-install-recommends chromium >/dev/null
     }
   else
-    echo "[test] chromium is missing: apt-get install chromium (tests/e2e_ui.rs)" >&2
+    echo "[test] chromium is missing: apt-get install chromium (tests/e2e/ui.rs)" >&2
     exit 1
   fi
 fi
@@ -61,7 +61,7 @@ export CHROMIUM_BIN
 # The Kubernetes manifests against the API's schemas, offline: kubernetes-validate
 # bundles them (installed once into ./.e2e-bin/pylib; ~0.5 s a run). Kinds it has no
 # schema for (the Prometheus Operator's CRDs, Kustomization) are reported as WARN and
-# left to tests/deploy_assets.rs. With kubectl on PATH the kustomizations are rendered
+# left to tests/it/deploy_assets.rs. With kubectl on PATH the kustomizations are rendered
 # and validated too, as `kubectl apply -k` would send them.
 PYLIB=$BIN_DIR/pylib
 if [[ ! -d $PYLIB/kubernetes_validate ]]; then

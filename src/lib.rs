@@ -23,6 +23,8 @@ pub mod rules_export;
 pub mod server;
 pub mod sys;
 pub mod telemetry;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod web;
 pub mod wire;
 

@@ -182,7 +182,7 @@ enum MigrateCommand {
 }
 
 /// README, for the man page's configuration section: its table is kept equal to the
-/// schema by tests/config_docs.rs, so the page cannot drift from the code either.
+/// schema by tests/it/config_docs.rs, so the page cannot drift from the code either.
 const README: &str = include_str!("../README.md");
 
 /// One page for everything: clap_mangen's title, synopsis and options, then every

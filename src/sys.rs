@@ -1,5 +1,5 @@
 //! Every call into the C library, behind safe functions: the one module allowed
-//! `unsafe` (`#![deny(unsafe_code)]` everywhere else; `tests/architecture.rs` checks).
+//! `unsafe` (`#![deny(unsafe_code)]` everywhere else; `tests/it/architecture.rs` checks).
 //! Each `unsafe` block says why it is sound.
 
 #![allow(unsafe_code)]

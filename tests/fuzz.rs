@@ -9,7 +9,7 @@
 //! label names of the real payloads, stale markers, NaNs, native histograms, exemplars
 //! and metadata, encoded with the prost types) and byte-level mutations (bit flips,
 //! truncation, splices, varint corruption, length-field inflation, insertions) of real
-//! payloads: the synthetic fleet of `tests/support/fleet.rs` and the dumps in
+//! payloads: the synthetic fleet of `promnorm::testkit::fleet` and the dumps in
 //! `tests/golden/`. Input `i` of seed `s` is a pure function of `(s, i)`: a failure
 //! prints both, and `PROMNORM_FUZZ_SEED=s PROMNORM_FUZZ_ONLY=i` replays it alone.
 //!
@@ -36,8 +36,7 @@ use promnorm::wire::proto::prometheus as pb;
 use promnorm::wire::{DecodeLimits, DecodedRequest, STALE_NAN_BITS, snappy};
 use prost::Message;
 
-#[path = "support/fleet.rs"]
-mod fleet;
+use promnorm::testkit::fleet;
 
 // ---------------------------------------------------------------------------------------
 // Heap accounting: live bytes and their peak, per thread.

@@ -3,7 +3,7 @@
 //!
 //! - `zero_alloc_pipeline`: the full pipeline (snappy decode → protobuf → all built-in
 //!   packs → derived series → encode → snappy encode) on 2,000-series requests of the
-//!   synthetic fleet of `tests/support/fleet.rs` allocates nothing once warm. Run:
+//!   synthetic fleet of `promnorm::testkit::fleet` allocates nothing once warm. Run:
 //!   `cargo test --release --test zero_alloc -- --nocapture`.
 //! - `zero_alloc_pipeline_remote_write_2_0`: the same for 2.0 requests (the fleet's
 //!   requests as a 2.0 sender sends them), to a 1.0 and to a 2.0 backend (decode, map,
@@ -27,9 +27,8 @@ use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::proto::prometheus as pb;
 use prost::Message;
 
-#[path = "support/fleet.rs"]
-mod fleet;
-#[path = "support/native.rs"]
+use promnorm::testkit::fleet;
+#[path = "common/native.rs"]
 mod native;
 
 struct Counting;

@@ -1,7 +1,7 @@
 //! `promnorm-bench`: the benchmark harness of BENCHMARKS.md, with nothing outside this
 //! repository (no wrk, no nginx, no Python). It holds pre-generated remote-write requests
-//! of the synthetic fleet of `tests/support/fleet.rs` (1.0, or 2.0 converted by
-//! `tests/support/rw2.rs`) in memory and sends them to a target over C keep-alive
+//! of the synthetic fleet of `promnorm::testkit::fleet` (1.0, or 2.0 converted by
+//! `tests/common/rw2_support.rs`) in memory and sends them to a target over C keep-alive
 //! connections, closed loop (saturation) or open loop at a fixed rate (latency).
 //!
 //! - `run`: one case end to end: a null sink in this process (answers 204 and counts the
@@ -22,8 +22,7 @@
 //! The load process and the sink share one core (`taskset` the harness itself); the
 //! sink decodes each body to count samples (`--sink-count requests` skips that).
 
-#[path = "../../tests/support/fleet.rs"]
-mod fleet;
+use promnorm::testkit::fleet;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

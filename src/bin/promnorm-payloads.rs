@@ -1,5 +1,5 @@
 //! `promnorm-payloads`: writes remote-write request bodies of the synthetic LLM-inference
-//! fleet of `tests/support/fleet.rs` (the requests the tests and benches use) into a folder
+//! fleet of `promnorm::testkit::fleet` (the requests the tests and benches use) into a folder
 //! laid out as the side-by-side benchmark tools read it:
 //!
 //! - `req-00000.pb.sz` ...: one POST body each (snappy block format of a
@@ -14,8 +14,7 @@
 //! promnorm-payloads --out /tmp/p --count 2 --verify
 //! ```
 
-#[path = "../../tests/support/fleet.rs"]
-mod fleet;
+use promnorm::testkit::fleet;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod procs;
+pub mod rw2_support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,328 @@
+//! Keeps ARCHITECTURE.md's rule true: data flows one way (wire → mapping → derive →
+//! forward; pipeline and server on top; app assembles), configuration is plain data that
+//! imports no stage, and no stage imports the configuration or reaches back upstream.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Module → modules of the crate it must not import.
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    (
+        "wire",
+        &[
+            "config",
+            "mapping",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "telemetry",
+            "normalize",
+            "explain",
+            "exposition",
+        ],
+    ),
+    (
+        "config",
+        &[
+            "wire",
+            "mapping",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "telemetry",
+            "normalize",
+            "explain",
+            "exposition",
+        ],
+    ),
+    (
+        "mapping",
+        &[
+            "config",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "derive",
+        &[
+            "config",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "forward",
+        &[
+            "config",
+            "mapping",
+            "derive",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "pipeline",
+        &[
+            "config",
+            "forward",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "server",
+        &["config", "app", "reload", "normalize", "explain"],
+    ),
+    // The web UI sits beside the server (app merges its routes): it may read explain
+    // and normalize, never configuration files.
+    ("web", &["config", "app", "reload"]),
+    (
+        "migrate",
+        &[
+            "wire",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "telemetry",
+            "normalize",
+        ],
+    ),
+    (
+        "telemetry",
+        &[
+            "config", "derive", "forward", "pipeline", "server", "app", "reload",
+        ],
+    ),
+];
+
+/// The crate modules a source file names through `crate::…` paths.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                // `use crate::{a, b::c}`: the group may span lines; take this line's part.
+                for item in group.split([',', '}']) {
+                    let m: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !m.is_empty() {
+                        out.insert(m);
+                    }
+                }
+            } else {
+                let m: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(m);
+            }
+        }
+    }
+    out
+}
+
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn no_stage_reaches_back_and_config_imports_no_stage() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut violations = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let module = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .map(|m| m.trim_end_matches(".rs").to_string())
+            .unwrap_or_default();
+        let Some((_, forbidden)) = FORBIDDEN.iter().find(|(m, _)| *m == module) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        for used in imports(&text) {
+            if forbidden.contains(&used.as_str()) {
+                violations.push(format!("{} imports crate::{used}", rel.display()));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_import_scanner_sees_what_it_must() {
+    let found = imports(
+        "use crate::{config::Config, wire};\nlet x = crate::derive::Deriver::new(); // crate::server",
+    );
+    assert_eq!(
+        found,
+        ["config", "derive", "wire"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+}
+
+#[test]
+fn every_mapping_file_is_a_built_in_pack() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("mappings");
+    let on_disk: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension().is_some_and(|x| x == "yaml"))
+                .then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    let built_in: BTreeSet<String> = promnorm::config::BUILTIN_PACKS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(on_disk, built_in);
+    // A pack is named by its file: the declared name must agree.
+    for (name, text) in promnorm::config::BUILTIN_PACKS {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_end() == format!("pack: {name}")),
+            "mappings/{name}.yaml does not declare `pack: {name}`"
+        );
+    }
+}
+
+/// Issue 24: every call into the C library and every `unsafe` block lives in `src/sys.rs`
+/// (`#![deny(unsafe_code)]` on the crate enforces the second; this test both, and the
+/// binaries too).
+#[test]
+fn unsafe_code_and_libc_live_in_sys_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut violations = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if rel == Path::new("sys.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let unsafe_block = code.contains("unsafe ") || code.contains("unsafe{");
+            if unsafe_block || code.contains("libc::") {
+                violations.push(format!("{}:{}: {}", rel.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "outside src/sys.rs:\n{}",
+        violations.join("\n")
+    );
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    assert!(
+        lib.contains("#![deny(unsafe_code)]"),
+        "lib.rs denies unsafe code"
+    );
+}
+
+/// Issue 24: the synthetic fleet is a library module only for the tools, tests and benches;
+/// nothing the proxy runs imports it, so `--no-default-features` drops it whole.
+#[test]
+fn only_the_tools_import_the_testkit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut violations = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if rel.starts_with("testkit") || rel.starts_with("bin") || rel == Path::new("lib.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        if imports(&text).contains("testkit") || text.contains("promnorm::testkit") {
+            violations.push(rel.display().to_string());
+        }
+    }
+    assert!(violations.is_empty(), "import testkit: {violations:?}");
+}
+
+/// Issue 24: four test crates (in process, end to end, and the two with their own global
+/// allocator), not one per file: a new `tests/*.rs` would be ignored (`autotests = false`),
+/// so a file there other than those two is a test that never runs.
+#[test]
+fn tests_are_four_crates() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let top: BTreeSet<String> = std::fs::read_dir(&tests)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "rs"))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        top,
+        ["fuzz.rs", "zero_alloc.rs"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+    // Every module file of the two crates is declared in its main.rs.
+    for krate in ["it", "e2e"] {
+        let dir = tests.join(krate);
+        let main = std::fs::read_to_string(dir.join("main.rs")).unwrap();
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(module) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            if module != "main" {
+                assert!(
+                    main.contains(&format!("mod {module};")),
+                    "tests/{krate}/{name} is not declared in tests/{krate}/main.rs, so it never runs"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! Derived series through `serve`: numerator and denominator split over concurrent
+//! connections, and a backend that rejects derived samples.
+
+use crate::common;
+
+use promnorm::app::Assemble;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use common::*;
+use promnorm::wire::proto::prometheus as pb;
+
+const BASE_TS: i64 = 1_700_000_000_000;
+const HITS: &str = "vllm:prefix_cache_hits_total";
+const QUERIES: &str = "vllm:prefix_cache_queries_total";
+const RATIO: &str = "vllm:prefix_cache_hit_ratio";
+
+/// xorshift64*: reproducible randomness without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn derived_samples(rec: &Recorded, name: &str) -> BTreeMap<String, Vec<(i64, f64)>> {
+    let mut by_engine: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+    for (_, body) in rec.requests() {
+        for ts in decode(&body).timeseries {
+            if !ts
+                .labels
+                .iter()
+                .any(|l| l.name == "__name__" && l.value == name)
+            {
+                continue;
+            }
+            let engine = ts
+                .labels
+                .iter()
+                .find(|l| l.name == "engine")
+                .map(|l| l.value.clone())
+                .unwrap_or_default();
+            let e = by_engine.entry(engine).or_default();
+            e.extend(ts.samples.iter().map(|s| (s.timestamp, s.value)));
+        }
+    }
+    by_engine
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_shards_pair_numerator_and_denominator() {
+    const ENGINES: usize = 200;
+    const SCRAPES: usize = 30;
+    const SHARDS: usize = 8;
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
+
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Cumulative counters per engine and scrape, with a counter reset at scrape 17.
+    let mut values = vec![[[0f64; 2]; SCRAPES]; ENGINES];
+    for v in values.iter_mut() {
+        let (mut hits, mut queries) = (rng.below(1000) as f64, 1000.0 + rng.below(1000) as f64);
+        for (k, point) in v.iter_mut().enumerate() {
+            if k == 17 {
+                (hits, queries) = (0.0, 0.0);
+            }
+            let q = 1 + rng.below(500);
+            queries += q as f64;
+            hits += rng.below(q + 1) as f64;
+            *point = [hits, queries];
+        }
+    }
+    // Each input series goes to one shard, as Prometheus hashes series over shards.
+    let mut shard_series: Vec<Vec<(usize, usize)>> = vec![Vec::new(); SHARDS];
+    for e in 0..ENGINES {
+        for input in 0..2 {
+            shard_series[rng.below(SHARDS as u64) as usize].push((e, input));
+        }
+    }
+    let values = Arc::new(values);
+    let url = proxy.url();
+    // Prometheus starts its shards together; after their first request they drift
+    // freely (here by up to the whole run). Before an input has been seen at all,
+    // promnorm holds only 4 half points for it (ARCHITECTURE.md), hence the barrier.
+    let started = Arc::new(tokio::sync::Barrier::new(SHARDS));
+    let mut tasks = Vec::new();
+    for (shard, members) in shard_series.into_iter().enumerate() {
+        let values = values.clone();
+        let url = url.clone();
+        let mut rng = Rng(0x1234_5678 + shard as u64);
+        let started = started.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut k = 0;
+            while k < SCRAPES {
+                // A request carries 1 to 3 scrapes of this shard's series, like a
+                // queue catching up.
+                let upto = (k + 1 + rng.below(3) as usize).min(SCRAPES);
+                let mut req = pb::WriteRequest::default();
+                for &(e, input) in &members {
+                    let engine = e.to_string();
+                    let samples: Vec<(f64, i64)> = (k..upto)
+                        .map(|i| (values[e][i][input], BASE_TS + i as i64 * 15_000))
+                        .collect();
+                    req.timeseries.push(series(
+                        &[
+                            ("__name__", if input == 0 { HITS } else { QUERIES }),
+                            ("engine", &engine),
+                        ],
+                        &samples,
+                    ));
+                }
+                let r = post(&url, encode(&req), RW_HEADERS).await;
+                assert_eq!(r.status, 204, "{}", r.body);
+                if k == 0 {
+                    started.wait().await;
+                }
+                k = upto;
+                tokio::time::sleep(Duration::from_micros(rng.below(3000))).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // Expected: one value per engine and scrape after the first (rate() semantics).
+    let mut want: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+    for (e, v) in values.iter().enumerate() {
+        let w = want.entry(e.to_string()).or_default();
+        for k in 1..SCRAPES {
+            let d = |i: usize| {
+                if v[k][i] >= v[k - 1][i] {
+                    v[k][i] - v[k - 1][i]
+                } else {
+                    v[k][i]
+                }
+            };
+            w.push((BASE_TS + k as i64 * 15_000, d(0) / d(1)));
+        }
+    }
+    let expected_total = ENGINES * (SCRAPES - 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let n: usize = derived_samples(&rec, RATIO).values().map(Vec::len).sum();
+        if n >= expected_total || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = derived_samples(&rec, RATIO);
+    assert_eq!(got.len(), ENGINES, "a derived series per engine");
+    for (engine, w) in &want {
+        let g = &got[engine];
+        assert_eq!(
+            g, w,
+            "engine {engine}: every sample once, in order, right value"
+        );
+    }
+    println!(
+        "concurrency: {ENGINES} engines x {SCRAPES} scrapes over {SHARDS} concurrent shards: {expected_total} derived samples, each exactly once, in order"
+    );
+}
+
+/// What a test backend answered: (the request held derived samples, status).
+type Answers = Arc<Mutex<Vec<(bool, u16)>>>;
+
+/// A backend whose status for each request is `answer(holds derived samples, earlier
+/// answers)`; it records every answer.
+async fn derived_aware_backend(answer: fn(bool, &[(bool, u16)]) -> u16) -> (String, Answers) {
+    let answers: Answers = Arc::new(Mutex::new(Vec::new()));
+    let a2 = answers.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post(move |body: Bytes| {
+            let answers = a2.clone();
+            async move {
+                let req = decode(&body);
+                let derived = req
+                    .timeseries
+                    .iter()
+                    .any(|t| t.labels.iter().any(|l| l.value == RATIO));
+                let mut a = answers.lock().unwrap();
+                let code = answer(derived, &a);
+                a.push((derived, code));
+                axum::http::StatusCode::from_u16(code).unwrap()
+            }
+        }),
+    );
+    let addr = common::serve(app).await;
+    (format!("http://{addr}/api/v1/write"), answers)
+}
+
+/// Scrape `k` of one engine's prefix-cache counters, as one request.
+fn engine_scrape(k: i64, hits: f64, queries: f64) -> Vec<u8> {
+    let ts = BASE_TS + k * 15_000;
+    encode(&pb::WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", HITS), ("engine", "0")], &[(hits, ts)]),
+            series(&[("__name__", QUERIES), ("engine", "0")], &[(queries, ts)]),
+        ],
+        metadata: vec![],
+    })
+}
+
+#[tokio::test]
+async fn rejected_derived_samples_never_fail_the_sender() {
+    // Refuses derived samples (e.g. out of order), accepts the sender's.
+    let (backend, answers) =
+        derived_aware_backend(|derived, _| if derived { 400 } else { 204 }).await;
+    let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
+    for k in 0..5i64 {
+        let body = engine_scrape(k, 10.0 * k as f64, 20.0 * k as f64);
+        let r = post(&proxy.url(), body, RW_HEADERS).await;
+        assert_eq!(r.status, 204, "sender's request {k}: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let metrics_url = format!("http://{}/metrics", proxy.addr);
+    let dropped = loop {
+        let m = get(&metrics_url).await.body;
+        let v = m
+            .lines()
+            .find(|l| l.starts_with("promnorm_samples_dropped_total{reason=\"derived_rejected\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if v >= 4.0 || tokio::time::Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        dropped >= 4.0,
+        "4 derived samples rejected and counted, got {dropped}"
+    );
+    let a = answers.lock().unwrap().clone();
+    assert_eq!(
+        a.iter().filter(|(_, c)| *c == 204).count(),
+        5,
+        "the sender's 5 requests delivered"
+    );
+    assert!(
+        a.contains(&(true, 400)),
+        "derived samples were offered and refused: {a:?}"
+    );
+}
+
+#[tokio::test]
+async fn derived_samples_are_retried_after_a_5xx() {
+    // 503 to the first derived request, then accepts everything.
+    let (backend, answers) = derived_aware_backend(|derived, earlier| {
+        if derived && !earlier.iter().any(|(d, _)| *d) {
+            503
+        } else {
+            204
+        }
+    })
+    .await;
+    let proxy = start_proxy(&[backend], "derived:\n  flush_interval: 20ms\n").await;
+    for k in 0..2i64 {
+        let body = engine_scrape(k, 3.0 * k as f64, 4.0 * k as f64);
+        assert_eq!(post(&proxy.url(), body, RW_HEADERS).await.status, 204);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let derived = loop {
+        let a = answers.lock().unwrap().clone();
+        let d: Vec<u16> = a.iter().filter(|(d, _)| *d).map(|(_, c)| *c).collect();
+        if d.contains(&204) || tokio::time::Instant::now() > deadline {
+            break d;
+        }
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        derived,
+        vec![503, 204],
+        "refused once, then delivered on retry"
+    );
+}
+
+/// One request of `engines` engines (numbered from `first`), hits and queries each.
+fn fleet_request(first: usize, engines: usize, ts: i64) -> Vec<u8> {
+    use prost::Message;
+    let mut timeseries = Vec::with_capacity(engines * 2);
+    for e in first..first + engines {
+        let engine = e.to_string();
+        for (name, v) in [(HITS, 10.0), (QUERIES, 40.0)] {
+            timeseries.push(series(
+                &[("__name__", name), ("engine", &engine), ("model_name", "m")],
+                &[(v, ts)],
+            ));
+        }
+    }
+    pb::WriteRequest {
+        timeseries,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Seconds per request for `rounds` requests of new engines, each observed twice.
+fn seconds_per_request(
+    pipeline: &promnorm::pipeline::Pipeline,
+    first: usize,
+    rounds: usize,
+) -> f64 {
+    const PER_REQUEST: usize = 10_000;
+    let mut ws = pipeline.take_workspace();
+    let started = std::time::Instant::now();
+    for r in 0..rounds {
+        let body = fleet_request(first + r * PER_REQUEST, PER_REQUEST, BASE_TS);
+        pipeline.process_raw(&mut ws, &body).expect("valid");
+    }
+    started.elapsed().as_secs_f64() / rounds as f64
+}
+
+/// At `derived.max_series` every new series evicts one: that must cost O(1), not a
+/// scan of the shard under its lock (it made requests ~80× slower at 1M series).
+#[test]
+fn new_series_at_the_state_limit_cost_about_what_they_cost_below_it() {
+    const LIMIT: usize = 400_000;
+    let cfg = |max: usize| {
+        promnorm::config::Config::parse(
+            &format!("listen: 127.0.0.1:1\nderived:\n  max_series: {max}\n"),
+            "t.yaml",
+        )
+        .unwrap()
+        .pipeline()
+        .unwrap()
+    };
+    // Fill one deriver to its limit; the other has room for everything.
+    let at_limit = cfg(LIMIT);
+    seconds_per_request(&at_limit, 0, LIMIT / 10_000);
+    assert_eq!(at_limit.deriver().unwrap().series_count(), LIMIT);
+    let roomy = cfg(10 * LIMIT);
+    seconds_per_request(&roomy, 0, LIMIT / 10_000);
+
+    let below = seconds_per_request(&roomy, LIMIT, 10);
+    let at = seconds_per_request(&at_limit, LIMIT, 10);
+    let d = at_limit.deriver().unwrap();
+    assert_eq!(d.series_count(), LIMIT, "the limit holds");
+    assert!(
+        d.counters
+            .evicted_limit
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 100_000
+    );
+    println!(
+        "10k new engines per request: {:.1} ms below the limit, {:.1} ms at it ({:.2}x)",
+        below * 1e3,
+        at * 1e3,
+        at / below
+    );
+    assert!(
+        at < 2.5 * below,
+        "at the limit {at:.4}s vs {below:.4}s below it"
+    );
+}
