@@ -40,7 +40,13 @@ pub(super) async fn css() -> Response {
 ///
 /// `root` leads from the UI's root to the server's (`/metrics`): "" without a route
 /// prefix, "../" per segment of one.
-fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> Response {
+pub(super) fn page(
+    status: StatusCode,
+    title: &str,
+    base: &str,
+    root: &str,
+    body: &str,
+) -> Response {
     let mut html = String::with_capacity(body.len() + 1024);
     let _ = write!(
         html,
@@ -49,7 +55,7 @@ fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> 
          <title>{t} - promnorm</title>\
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
-         <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a>\
+         <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a><a href=\"{base}debug/tap\">Tap</a>\
          <a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
@@ -69,7 +75,7 @@ fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> 
         .into_response()
 }
 
-fn ago(d: Duration) -> String {
+pub(super) fn ago(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s}s"),
