@@ -810,3 +810,31 @@ async fn tap_page_escapes_what_it_captured() {
     assert!(r.body.contains("1 of 1 series"), "{}", r.body);
     assert!(r.body.contains("no rule applies"), "{}", r.body);
 }
+
+#[tokio::test]
+async fn normalize_page_takes_an_uploaded_file() {
+    let (base, _) = start().await;
+    // As a browser sends the form: multipart, an empty text area and the file.
+    let body = "--b0undary\r\nContent-Disposition: form-data; name=\"text\"\r\n\r\n\r\n\
+                --b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"dump.prom\"\r\n\
+                Content-Type: application/octet-stream\r\n\r\n\
+                # TYPE sglang:kv_transfer_latency_ms gauge\n\
+                sglang:kv_transfer_latency_ms{engine=\"a\"} 250\n\r\n--b0undary--\r\n";
+    let r = post(
+        &format!("{base}/debug/normalize"),
+        body.into(),
+        &[("content-type", "multipart/form-data; boundary=b0undary")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body
+            .contains("sglang:kv_transfer_latency_seconds{engine=&quot;a&quot;} 0.25"),
+        "{}",
+        r.body
+    );
+    // The form offers the upload and sends multipart.
+    let r = get(&format!("{base}/debug/normalize")).await;
+    assert!(r.body.contains("type=\"file\""), "{}", r.body);
+    assert!(r.body.contains("multipart/form-data"), "{}", r.body);
+}

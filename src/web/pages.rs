@@ -328,8 +328,10 @@ series are not computed. The same as JSON: <code>POST api/v1/normalize</code>.</
 
 fn normalize_page(ui: &Ui, status: StatusCode, text: &str, result: &str) -> Response {
     let b = format!(
-        "{NORMALIZE_HELP}<form method=\"post\" action=\"normalize\">\
-         <textarea name=\"text\" rows=\"12\">{}</textarea><br><button>Normalize</button></form>\n{result}",
+        "{NORMALIZE_HELP}<form method=\"post\" action=\"normalize\" enctype=\"multipart/form-data\">\
+         <textarea name=\"text\" rows=\"12\">{}</textarea><br><label>or upload a file \
+         <input type=\"file\" name=\"file\" accept=\".txt,.prom,text/plain\"></label> \
+         <button>Normalize</button></form>\n{result}",
         esc(text)
     );
     page(status, "Normalize (dry run)", "../", &ui.root, &b)
@@ -375,8 +377,21 @@ pub(super) async fn normalize_post(
             );
         }
     };
-    let form = String::from_utf8_lossy(&bytes);
-    let text = form_value(&form, "text").unwrap_or_default();
+    let text = match multipart_boundary(&headers) {
+        // The form as browsers send it (it has a file input): an uploaded file wins
+        // over the text area.
+        Some(boundary) => {
+            let fields = multipart_fields(&bytes, &boundary);
+            let field = |n: &str| {
+                fields
+                    .iter()
+                    .find(|(k, v)| k == n && !v.is_empty())
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            field("file").or_else(|| field("text")).unwrap_or_default()
+        }
+        None => form_value(&String::from_utf8_lossy(&bytes), "text").unwrap_or_default(),
+    };
     if text.len() > MAX_DRY_RUN_BYTES {
         return normalize_page(
             &ui,
@@ -477,9 +492,93 @@ pub(super) async fn normalize_post(
     normalize_page(&ui, StatusCode::OK, &text, &out)
 }
 
+/// The boundary of a `multipart/form-data` body.
+fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
+    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let (kind, params) = ct.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_string())
+            .filter(|b| !b.is_empty() && b.len() <= 70)
+    })
+}
+
+/// The named fields of a `multipart/form-data` body (RFC 7578); a malformed part is
+/// skipped.
+fn multipart_fields(body: &[u8], boundary: &str) -> Vec<(String, Vec<u8>)> {
+    // Every delimiter is CRLF "--" boundary; the first one's CRLF is implied.
+    let delim = format!("\r\n--{boundary}");
+    let d = delim.as_bytes();
+    let body = [b"\r\n".as_slice(), body].concat();
+    let find = |from: usize| {
+        body.get(from..)?
+            .windows(d.len())
+            .position(|w| w == d)
+            .map(|i| i + from)
+    };
+    let mut out = Vec::new();
+    let Some(mut at) = find(0) else {
+        return out;
+    };
+    loop {
+        let start = at + d.len();
+        if body.get(start..start + 2) == Some(b"--") {
+            break;
+        }
+        let Some(next) = find(start) else {
+            break;
+        };
+        let part = &body[start..next];
+        // The rest of the delimiter's line (transport padding), then the headers.
+        let Some(eol) = part.windows(2).position(|w| w == b"\r\n") else {
+            at = next;
+            continue;
+        };
+        let part = &part[eol + 2..];
+        if let Some(h) = part.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&part[..h]);
+            let name = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                if !k.trim().eq_ignore_ascii_case("content-disposition") {
+                    return None;
+                }
+                v.split(';').find_map(|p| {
+                    p.trim()
+                        .strip_prefix("name=")
+                        .map(|n| n.trim_matches('"').to_string())
+                })
+            });
+            if let Some(name) = name {
+                out.push((name, part[h + 4..].to_vec()));
+            }
+        }
+        at = next;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::names_rule;
+    use super::{multipart_fields, names_rule};
+
+    #[test]
+    fn multipart_fields_are_read() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"text\"\r\n\r\n\r\n\
+--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\
+Content-Type: text/plain\r\n\r\nup 1\r\nx--XyZ y\r\n--XyZ--\r\n";
+        let f = multipart_fields(body, "XyZ");
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0], ("text".to_string(), Vec::new()));
+        assert_eq!(f[1].0, "file");
+        assert_eq!(f[1].1, b"up 1\r\nx--XyZ y");
+        assert!(multipart_fields(b"garbage", "XyZ").is_empty());
+        assert!(multipart_fields(b"--XyZ\r\nno end", "XyZ").is_empty());
+    }
 
     #[test]
     fn a_trace_names_a_rule_by_its_whole_number() {
