@@ -694,6 +694,13 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
             .unwrap_or(0);
         rules.renames().record(&stats.renames, now_ms);
     }
+    if !stats.families.is_empty() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        rules.families().record_families(&stats.families, now_ms);
+    }
 }
 
 /// The cut-over tracking metrics, rendered from the rules' tracker at scrape time (one

@@ -385,7 +385,8 @@ async fn pages_render_the_running_configuration_with_relative_links() {
     assert!(some.contains("sglang:kv_transfer_latency_ms"), "{some}");
     assert!(!some.contains("vllm:"), "{some}");
 
-    // Per-rule counts since start, for rules that rename (the cut-over tracking).
+    // Per-rule counts since start, for every rule (per-family counters): one that
+    // renames and one that only rewrites label values.
     let req = pb::WriteRequest {
         timeseries: vec![
             series(
@@ -401,6 +402,14 @@ async fn pages_render_the_running_configuration_with_relative_links() {
                     ("engine", "b"),
                 ],
                 &[(250.0, 1)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:per_stage_req_latency_seconds_bucket"),
+                    ("stage", "dispatch"),
+                    ("le", "1"),
+                ],
+                &[(4.0, 1)],
             ),
         ],
         ..Default::default()
@@ -420,13 +429,29 @@ async fn pages_render_the_running_configuration_with_relative_links() {
         .flat_map(|l| l.split("<tr>"))
         .find(|r| r.contains("sglang:kv_transfer_latency_ms</code>"))
         .unwrap_or_else(|| panic!("no row: {page}"));
-    assert!(row.contains("<td>3</td>"), "{row}");
+    assert!(
+        row.contains("<td>2</td><td>3</td>"),
+        "series, samples: {row}"
+    );
+    assert!(row.contains("s ago</td>"), "{row}");
+    let page = get(&format!("{base}/rules?q=per_stage_req_latency"))
+        .await
+        .body;
+    let row = page
+        .lines()
+        .flat_map(|l| l.split("<tr>"))
+        .find(|r| r.contains("stage label values renamed upstream"))
+        .unwrap_or_else(|| panic!("no row: {page}"));
+    assert!(
+        row.contains("<td>1</td><td>1</td>"),
+        "a rule that renames nothing: {row}"
+    );
     assert!(row.contains("s ago</td>"), "{row}");
     let untouched = get(&format!("{base}/rules?q=kv_transfer_bootstrap_ms"))
         .await
         .body;
     assert!(
-        untouched.contains("<td>0</td><td>not since start</td>"),
+        untouched.contains("<td>0</td><td>0</td><td>not since start</td>"),
         "{untouched}"
     );
 

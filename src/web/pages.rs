@@ -211,7 +211,7 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let q = form_value(query, "q").unwrap_or_default();
     let pack = form_value(query, "pack").unwrap_or_default();
     let list = st.pipeline.rules().rule_list();
-    let renamed = st.pipeline.rules().renames().snapshot();
+    let families = st.pipeline.rules().families().snapshot();
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -228,7 +228,7 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let _ = write!(
         b,
         "<p>{} of {} rules{}.</p>\n<table><tr><th>Phase</th><th>Pack</th><th>Rule</th><th>Matches</th>\
-         <th>Samples renamed since start</th><th>Last seen</th></tr>",
+         <th>Series since start</th><th>Samples since start</th><th>Last seen</th></tr>",
         shown.len(),
         list.len(),
         if pack.is_empty() {
@@ -238,13 +238,14 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         }
     );
     for r in shown {
-        // The cut-over tracking (`/api/v1/renames`) counts per renamed name, keyed by the
-        // plan's trace: a rule's own counts are those of the traces that name it.
-        let (samples, last) = renamed
+        // The per-family counters count per plan, keyed by the plan's trace: a rule's
+        // own counts are those of the plans whose traces name it.
+        let (series, samples, last) = families
             .iter()
             .filter(|x| names_rule(&x.rule, &r.describe))
-            .fold((None::<u64>, None::<f64>), |(n, t), x| {
+            .fold((0u64, None::<u64>, None::<f64>), |(k, n, t), x| {
                 (
+                    k + x.series,
                     Some(n.unwrap_or(0) + x.samples),
                     match (t, x.last_seen) {
                         (Some(a), Some(b)) => Some(a.max(b)),
@@ -254,11 +255,16 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
             });
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
             r.phase,
             esc(&r.pack),
             esc(&r.describe),
             esc(&r.matches),
+            if samples.is_some() {
+                series.to_string()
+            } else {
+                "-".to_string()
+            },
             samples.map_or_else(|| "-".to_string(), |n| n.to_string()),
             match (samples, last) {
                 (_, Some(t)) => format!("{} ago", ago(Duration::from_secs_f64((now - t).max(0.0)))),
@@ -268,8 +274,12 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         );
     }
     b.push_str(
-        "</table>\n<p>Samples are counted for rules that rename (the cut-over tracking, \
-         <code>api/v1/renames</code>); other rules show -.</p>\n",
+        "</table>\n<p>Counted per family (the input name a plan applies to), once per \
+         request: a rule's counts are those of the families it applies to, so a series two \
+         rules touch counts for both. Series are series per request (a series sent in ten \
+         requests counts ten times). -: the rule applies to no name seen or planned yet \
+         (prefix and regex rules are planned at a name's first sight). Renamed old names: \
+         <code>api/v1/renames</code>.</p>\n",
     );
     page(StatusCode::OK, "Rules", "./", &ui.root, &b)
 }
