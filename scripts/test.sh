@@ -57,6 +57,21 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 CHROMIUM_BIN=$(command -v chromium)
 export CHROMIUM_BIN
+# Debian's chromedriver, for the WebDriver test of the same file.
+if ! command -v chromedriver >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "[test] installing Debian's chromium-driver" >&2
+    apt-get install -y -qq --no-install-recommends chromium-driver >/dev/null 2>&1 || {
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq --no-install-recommends chromium-driver >/dev/null
+    }
+  else
+    echo "[test] chromedriver is missing: apt-get install chromium-driver (tests/e2e_ui.rs)" >&2
+    exit 1
+  fi
+fi
+CHROMEDRIVER_BIN=$(command -v chromedriver)
+export CHROMEDRIVER_BIN
 
 # The Kubernetes manifests against the API's schemas, offline: kubernetes-validate
 # bundles them (installed once into ./.e2e-bin/pylib; ~0.5 s a run). Kinds it has no

@@ -556,6 +556,7 @@ pub fn web_options(cfg: &Config) -> Result<crate::web::WebOptions, BuildError> {
     };
     Ok(crate::web::WebOptions {
         enabled: cfg.web.enabled,
+        debug: cfg.web.enable_debug,
         route_prefix: cfg.web.route_prefix.clone().unwrap_or_default(),
         auth,
     })

@@ -352,6 +352,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Native histograms with custom buckets (NHCB) sent to a backend as classic _bucket/_sum/_count series (backends[].native_histograms), by backend.",
     ),
+    (
+        TAPS,
+        Kind::Counter,
+        "Live taps (/debug/tap) by outcome: filled, timed_out, refused (one was already open).",
+    ),
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
@@ -395,6 +400,7 @@ pub const QUEUE_CORRUPT: &str = "promnorm_queue_corrupt_records_total";
 pub const TENANT_SAMPLES: &str = "promnorm_tenant_samples_total";
 pub const NATIVE_REBUCKETED: &str = "promnorm_native_histograms_rebucketed_total";
 pub const NATIVE_UNROLLED: &str = "promnorm_native_histograms_unrolled_total";
+pub const TAPS: &str = "promnorm_taps_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -420,6 +426,11 @@ pub fn request_answered(code: u16) {
 }
 
 /// A request refused by the overload budget (`reason`: one of [`THROTTLE_REASONS`]).
+/// A live tap ended (`filled`, `timed_out`) or was refused (`refused`).
+pub fn tap_outcome(outcome: &'static str) {
+    metrics::counter!(TAPS, "outcome" => outcome).increment(1);
+}
+
 pub fn request_throttled(reason: &'static str) {
     metrics::counter!(REQUESTS_THROTTLED, "reason" => reason).increment(1);
 }
@@ -682,6 +693,13 @@ pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
         rules.renames().record(&stats.renames, now_ms);
+    }
+    if !stats.families.is_empty() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        rules.families().record_families(&stats.families, now_ms);
     }
 }
 

@@ -98,6 +98,8 @@ pub struct WebConfig {
     pub route_prefix: Option<String>,
     /// Protect the pages and APIs: a bearer token or basic auth. None: open.
     pub auth: Option<WebAuth>,
+    /// Serve the live tap (`/debug/tap`, `/api/v1/tap`): it shows forwarded data.
+    pub enable_debug: bool,
 }
 
 impl Default for WebConfig {
@@ -106,6 +108,7 @@ impl Default for WebConfig {
             enabled: true,
             route_prefix: None,
             auth: None,
+            enable_debug: false,
         }
     }
 }

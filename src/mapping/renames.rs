@@ -5,6 +5,10 @@
 //! share its `other` slot. The mapper adds a request's samples per run of series of one
 //! slot into `MapStats::renames`; the server adds those to the slots' atomics once per
 //! request, so the hot path pays nothing per sample.
+//!
+//! The same tracker, a second instance in `Rules::families`, counts every plan (family):
+//! one slot per (first pack, input name) with a plan, series and samples per run of
+//! series, for the per-rule counters of the web UI's `/rules`.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -22,6 +26,8 @@ const OTHER_SLOTS: usize = 64;
 
 #[derive(Default)]
 struct Counters {
+    /// Series (per request, per run of series of one slot); renames leave it at 0.
+    series: AtomicU64,
     samples: AtomicU64,
     /// Unix milliseconds; 0: never.
     last_seen_ms: AtomicI64,
@@ -67,6 +73,8 @@ pub struct RenameSeen {
     pub from: String,
     pub to: String,
     pub rule: String,
+    /// Series counted by [`RenameTracker::record_families`] (0 for renames).
+    pub series: u64,
     pub samples: u64,
     /// Unix seconds of the last request that carried the old name.
     pub last_seen: Option<f64>,
@@ -106,6 +114,18 @@ impl RenameTracker {
         }
     }
 
+    /// Adds one request's (series, samples) per slot, seen at `now_ms` (the per-family
+    /// counters of `/rules`).
+    pub fn record_families(&self, hits: &[(u32, u64, u64)], now_ms: i64) {
+        for &(slot, series, n) in hits {
+            if let Some(c) = self.counters.get(slot as usize) {
+                c.series.fetch_add(series, Ordering::Relaxed);
+                c.samples.fetch_add(n, Ordering::Relaxed);
+                c.last_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The `other` slot of `pack`, for names past [`RENAME_SLOTS`].
     pub fn other(&self, pack: u16) -> u32 {
         other_slot(pack)
@@ -121,6 +141,7 @@ impl RenameTracker {
             let c = &self.counters[slot];
             let ms = c.last_seen_ms.load(Ordering::Relaxed);
             (
+                c.series.load(Ordering::Relaxed),
                 c.samples.load(Ordering::Relaxed),
                 (ms > 0).then_some(ms as f64 / 1000.0),
             )
@@ -129,25 +150,27 @@ impl RenameTracker {
             .iter()
             .enumerate()
             .map(|(i, info)| {
-                let (samples, last_seen) = seen(i);
+                let (series, samples, last_seen) = seen(i);
                 RenameSeen {
                     pack: info.pack,
                     from: info.from.to_string(),
                     to: info.to.to_string(),
                     rule: info.rule.to_string(),
+                    series,
                     samples,
                     last_seen,
                 }
             })
             .collect();
         for p in 0..OTHER_SLOTS {
-            let (samples, last_seen) = seen(RENAME_SLOTS + p);
-            if samples > 0 {
+            let (series, samples, last_seen) = seen(RENAME_SLOTS + p);
+            if samples > 0 || series > 0 {
                 out.push(RenameSeen {
                     pack: p as u16,
                     from: OTHER.into(),
                     to: String::new(),
                     rule: format!("names past the first {RENAME_SLOTS}"),
+                    series,
                     samples,
                     last_seen,
                 });

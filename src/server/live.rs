@@ -23,6 +23,8 @@ pub struct Live {
     /// `serve --web.enable-lifecycle`: `POST /-/reload` is allowed.
     lifecycle: bool,
     reload: Option<ReloadHook>,
+    /// The live tap (`/debug/tap`): outlives reloads, at most one open.
+    tap: super::tap::Tap,
 }
 
 impl Live {
@@ -32,6 +34,7 @@ impl Live {
             current: ArcSwap::new(state),
             lifecycle: false,
             reload: None,
+            tap: Default::default(),
         }
     }
 
@@ -46,6 +49,11 @@ impl Live {
     /// The state a request uses from start to end.
     pub fn current(&self) -> Arc<AppState> {
         self.current.load_full()
+    }
+
+    /// The live tap.
+    pub fn tap(&self) -> &super::tap::Tap {
+        &self.tap
     }
 
     /// Swaps in a new state; requests already running keep the one they loaded.

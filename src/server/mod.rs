@@ -4,6 +4,7 @@ pub mod budget;
 pub mod listener;
 pub mod live;
 mod negotiate;
+pub mod tap;
 pub mod tls;
 
 pub use live::{Live, ReloadHook};
@@ -503,6 +504,7 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
             return answer(status, &format!("invalid remote-write request: {e}"), None);
         }
     };
+    tap::offer(&live, &body, protocol, st.max_decoded_bytes);
     st.pipeline.return_workspace(ws);
     drop(body);
     telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);

@@ -237,7 +237,7 @@ pub(super) async fn read_limited(
 
 /// A Prometheus-style JSON answer: `{"status":"success","data":…}` or
 /// `{"status":"error","errorType":…,"error":…}`.
-fn json(status: StatusCode, value: serde_json::Value) -> Response {
+pub(super) fn json(status: StatusCode, value: serde_json::Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -246,7 +246,7 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response {
         .into_response()
 }
 
-fn json_error(status: StatusCode, kind: &str, msg: &str) -> Response {
+pub(super) fn json_error(status: StatusCode, kind: &str, msg: &str) -> Response {
     json(
         status,
         serde_json::json!({"status": "error", "errorType": kind, "error": msg}),

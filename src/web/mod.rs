@@ -9,6 +9,7 @@
 
 mod api;
 mod pages;
+mod tap;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -30,6 +31,8 @@ pub struct WebOptions {
     /// `""` or a path such as `/promnorm` (no trailing slash).
     pub route_prefix: String,
     pub auth: Option<WebAuth>,
+    /// `web.enable_debug`: the live tap is served (else `403`).
+    pub debug: bool,
 }
 
 impl Default for WebOptions {
@@ -38,6 +41,7 @@ impl Default for WebOptions {
             enabled: true,
             route_prefix: String::new(),
             auth: None,
+            debug: false,
         }
     }
 }
@@ -63,6 +67,8 @@ pub(crate) struct Ui {
     live: Arc<Live>,
     /// From the UI's root to the server's (`/metrics`): "../" per prefix segment.
     root: String,
+    /// The live tap is on (`web.enable_debug`).
+    debug: bool,
 }
 
 /// The UI's routes and APIs around the live state, under `opts.route_prefix`; merged
@@ -76,6 +82,7 @@ pub fn router(live: Arc<Live>, opts: &WebOptions) -> Router {
     let ui = Arc::new(Ui {
         live,
         root: "../".repeat(p.split('/').filter(|s| !s.is_empty()).count()),
+        debug: opts.debug,
     });
     let mut r = Router::new()
         .route(&format!("{p}/"), get(pages::status))
@@ -87,7 +94,9 @@ pub fn router(live: Arc<Live>, opts: &WebOptions) -> Router {
         )
         .route(&format!("{p}/static/promnorm.css"), get(pages::css))
         .route(&format!("{p}/api/v1/explain"), get(api::explain))
-        .route(&format!("{p}/api/v1/normalize"), post(api::normalize));
+        .route(&format!("{p}/api/v1/normalize"), post(api::normalize))
+        .route(&format!("{p}/debug/tap"), get(tap::page_route))
+        .route(&format!("{p}/api/v1/tap"), get(tap::api));
     if !p.is_empty() {
         // The status page's relative links need the trailing slash.
         let to = format!("{p}/");

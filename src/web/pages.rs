@@ -40,7 +40,13 @@ pub(super) async fn css() -> Response {
 ///
 /// `root` leads from the UI's root to the server's (`/metrics`): "" without a route
 /// prefix, "../" per segment of one.
-fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> Response {
+pub(super) fn page(
+    status: StatusCode,
+    title: &str,
+    base: &str,
+    root: &str,
+    body: &str,
+) -> Response {
     let mut html = String::with_capacity(body.len() + 1024);
     let _ = write!(
         html,
@@ -49,7 +55,7 @@ fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> 
          <title>{t} - promnorm</title>\
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
-         <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a>\
+         <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a><a href=\"{base}debug/tap\">Tap</a>\
          <a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
@@ -69,7 +75,7 @@ fn page(status: StatusCode, title: &str, base: &str, root: &str, body: &str) -> 
         .into_response()
 }
 
-fn ago(d: Duration) -> String {
+pub(super) fn ago(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s}s"),
@@ -205,7 +211,7 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let q = form_value(query, "q").unwrap_or_default();
     let pack = form_value(query, "pack").unwrap_or_default();
     let list = st.pipeline.rules().rule_list();
-    let renamed = st.pipeline.rules().renames().snapshot();
+    let families = st.pipeline.rules().families().snapshot();
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -222,7 +228,7 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
     let _ = write!(
         b,
         "<p>{} of {} rules{}.</p>\n<table><tr><th>Phase</th><th>Pack</th><th>Rule</th><th>Matches</th>\
-         <th>Samples renamed since start</th><th>Last seen</th></tr>",
+         <th>Series since start</th><th>Samples since start</th><th>Last seen</th></tr>",
         shown.len(),
         list.len(),
         if pack.is_empty() {
@@ -232,13 +238,14 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         }
     );
     for r in shown {
-        // The cut-over tracking (`/api/v1/renames`) counts per renamed name, keyed by the
-        // plan's trace: a rule's own counts are those of the traces that name it.
-        let (samples, last) = renamed
+        // The per-family counters count per plan, keyed by the plan's trace: a rule's
+        // own counts are those of the plans whose traces name it.
+        let (series, samples, last) = families
             .iter()
             .filter(|x| names_rule(&x.rule, &r.describe))
-            .fold((None::<u64>, None::<f64>), |(n, t), x| {
+            .fold((0u64, None::<u64>, None::<f64>), |(k, n, t), x| {
                 (
+                    k + x.series,
                     Some(n.unwrap_or(0) + x.samples),
                     match (t, x.last_seen) {
                         (Some(a), Some(b)) => Some(a.max(b)),
@@ -248,11 +255,16 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
             });
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
             r.phase,
             esc(&r.pack),
             esc(&r.describe),
             esc(&r.matches),
+            if samples.is_some() {
+                series.to_string()
+            } else {
+                "-".to_string()
+            },
             samples.map_or_else(|| "-".to_string(), |n| n.to_string()),
             match (samples, last) {
                 (_, Some(t)) => format!("{} ago", ago(Duration::from_secs_f64((now - t).max(0.0)))),
@@ -262,8 +274,12 @@ pub(super) async fn rules(State(ui): State<Arc<Ui>>, uri: Uri) -> Response {
         );
     }
     b.push_str(
-        "</table>\n<p>Samples are counted for rules that rename (the cut-over tracking, \
-         <code>api/v1/renames</code>); other rules show -.</p>\n",
+        "</table>\n<p>Counted per family (the input name a plan applies to), once per \
+         request: a rule's counts are those of the families it applies to, so a series two \
+         rules touch counts for both. Series are series per request (a series sent in ten \
+         requests counts ten times). -: the rule applies to no name seen or planned yet \
+         (prefix and regex rules are planned at a name's first sight). Renamed old names: \
+         <code>api/v1/renames</code>.</p>\n",
     );
     page(StatusCode::OK, "Rules", "./", &ui.root, &b)
 }
@@ -322,8 +338,10 @@ series are not computed. The same as JSON: <code>POST api/v1/normalize</code>.</
 
 fn normalize_page(ui: &Ui, status: StatusCode, text: &str, result: &str) -> Response {
     let b = format!(
-        "{NORMALIZE_HELP}<form method=\"post\" action=\"normalize\">\
-         <textarea name=\"text\" rows=\"12\">{}</textarea><br><button>Normalize</button></form>\n{result}",
+        "{NORMALIZE_HELP}<form method=\"post\" action=\"normalize\" enctype=\"multipart/form-data\">\
+         <textarea name=\"text\" rows=\"12\">{}</textarea><br><label>or upload a file \
+         <input type=\"file\" name=\"file\" accept=\".txt,.prom,text/plain\"></label> \
+         <button>Normalize</button></form>\n{result}",
         esc(text)
     );
     page(status, "Normalize (dry run)", "../", &ui.root, &b)
@@ -369,8 +387,21 @@ pub(super) async fn normalize_post(
             );
         }
     };
-    let form = String::from_utf8_lossy(&bytes);
-    let text = form_value(&form, "text").unwrap_or_default();
+    let text = match multipart_boundary(&headers) {
+        // The form as browsers send it (it has a file input): an uploaded file wins
+        // over the text area.
+        Some(boundary) => {
+            let fields = multipart_fields(&bytes, &boundary);
+            let field = |n: &str| {
+                fields
+                    .iter()
+                    .find(|(k, v)| k == n && !v.is_empty())
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            field("file").or_else(|| field("text")).unwrap_or_default()
+        }
+        None => form_value(&String::from_utf8_lossy(&bytes), "text").unwrap_or_default(),
+    };
     if text.len() > MAX_DRY_RUN_BYTES {
         return normalize_page(
             &ui,
@@ -471,9 +502,93 @@ pub(super) async fn normalize_post(
     normalize_page(&ui, StatusCode::OK, &text, &out)
 }
 
+/// The boundary of a `multipart/form-data` body.
+fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
+    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let (kind, params) = ct.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_string())
+            .filter(|b| !b.is_empty() && b.len() <= 70)
+    })
+}
+
+/// The named fields of a `multipart/form-data` body (RFC 7578); a malformed part is
+/// skipped.
+fn multipart_fields(body: &[u8], boundary: &str) -> Vec<(String, Vec<u8>)> {
+    // Every delimiter is CRLF "--" boundary; the first one's CRLF is implied.
+    let delim = format!("\r\n--{boundary}");
+    let d = delim.as_bytes();
+    let body = [b"\r\n".as_slice(), body].concat();
+    let find = |from: usize| {
+        body.get(from..)?
+            .windows(d.len())
+            .position(|w| w == d)
+            .map(|i| i + from)
+    };
+    let mut out = Vec::new();
+    let Some(mut at) = find(0) else {
+        return out;
+    };
+    loop {
+        let start = at + d.len();
+        if body.get(start..start + 2) == Some(b"--") {
+            break;
+        }
+        let Some(next) = find(start) else {
+            break;
+        };
+        let part = &body[start..next];
+        // The rest of the delimiter's line (transport padding), then the headers.
+        let Some(eol) = part.windows(2).position(|w| w == b"\r\n") else {
+            at = next;
+            continue;
+        };
+        let part = &part[eol + 2..];
+        if let Some(h) = part.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&part[..h]);
+            let name = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                if !k.trim().eq_ignore_ascii_case("content-disposition") {
+                    return None;
+                }
+                v.split(';').find_map(|p| {
+                    p.trim()
+                        .strip_prefix("name=")
+                        .map(|n| n.trim_matches('"').to_string())
+                })
+            });
+            if let Some(name) = name {
+                out.push((name, part[h + 4..].to_vec()));
+            }
+        }
+        at = next;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::names_rule;
+    use super::{multipart_fields, names_rule};
+
+    #[test]
+    fn multipart_fields_are_read() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"text\"\r\n\r\n\r\n\
+--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\
+Content-Type: text/plain\r\n\r\nup 1\r\nx--XyZ y\r\n--XyZ--\r\n";
+        let f = multipart_fields(body, "XyZ");
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0], ("text".to_string(), Vec::new()));
+        assert_eq!(f[1].0, "file");
+        assert_eq!(f[1].1, b"up 1\r\nx--XyZ y");
+        assert!(multipart_fields(b"garbage", "XyZ").is_empty());
+        assert!(multipart_fields(b"--XyZ\r\nno end", "XyZ").is_empty());
+    }
 
     #[test]
     fn a_trace_names_a_rule_by_its_whole_number() {

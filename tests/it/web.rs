@@ -385,7 +385,8 @@ async fn pages_render_the_running_configuration_with_relative_links() {
     assert!(some.contains("sglang:kv_transfer_latency_ms"), "{some}");
     assert!(!some.contains("vllm:"), "{some}");
 
-    // Per-rule counts since start, for rules that rename (the cut-over tracking).
+    // Per-rule counts since start, for every rule (per-family counters): one that
+    // renames and one that only rewrites label values.
     let req = pb::WriteRequest {
         timeseries: vec![
             series(
@@ -401,6 +402,14 @@ async fn pages_render_the_running_configuration_with_relative_links() {
                     ("engine", "b"),
                 ],
                 &[(250.0, 1)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:per_stage_req_latency_seconds_bucket"),
+                    ("stage", "dispatch"),
+                    ("le", "1"),
+                ],
+                &[(4.0, 1)],
             ),
         ],
         ..Default::default()
@@ -420,13 +429,29 @@ async fn pages_render_the_running_configuration_with_relative_links() {
         .flat_map(|l| l.split("<tr>"))
         .find(|r| r.contains("sglang:kv_transfer_latency_ms</code>"))
         .unwrap_or_else(|| panic!("no row: {page}"));
-    assert!(row.contains("<td>3</td>"), "{row}");
+    assert!(
+        row.contains("<td>2</td><td>3</td>"),
+        "series, samples: {row}"
+    );
+    assert!(row.contains("s ago</td>"), "{row}");
+    let page = get(&format!("{base}/rules?q=per_stage_req_latency"))
+        .await
+        .body;
+    let row = page
+        .lines()
+        .flat_map(|l| l.split("<tr>"))
+        .find(|r| r.contains("stage label values renamed upstream"))
+        .unwrap_or_else(|| panic!("no row: {page}"));
+    assert!(
+        row.contains("<td>1</td><td>1</td>"),
+        "a rule that renames nothing: {row}"
+    );
     assert!(row.contains("s ago</td>"), "{row}");
     let untouched = get(&format!("{base}/rules?q=kv_transfer_bootstrap_ms"))
         .await
         .body;
     assert!(
-        untouched.contains("<td>0</td><td>not since start</td>"),
+        untouched.contains("<td>0</td><td>0</td><td>not since start</td>"),
         "{untouched}"
     );
 
@@ -628,4 +653,213 @@ async fn the_status_page_shows_the_effective_configuration_without_secrets() {
     let r = get(&format!("{base}/")).await;
     assert!(r.body.contains("127.0.0.1:1"), "{}", r.body);
     assert!(!r.body.contains("hunter2"), "{}", r.body);
+}
+
+/// promnorm with a recording backend and the live tap on (`web.enable_debug`).
+async fn start_tap() -> String {
+    let (backend, _rec) = fake_backend(common::Reply::ok()).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nbackends:\n  - url: {backend}\n    timeout: 2s\nweb:\n  enable_debug: true\n"
+    );
+    let cfg = Config::parse(&yaml, "test.yaml").expect("config parses");
+    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let opts = promnorm::app::web_options(&cfg).expect("web options");
+    assert!(opts.debug);
+    let live = Arc::new(Live::new(state));
+    let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::web::router(live, &opts));
+    format!("http://{}", common::serve(app).await)
+}
+
+/// Sends `labels` every 100 ms until `done` (bounded: 100 times).
+async fn send_until(
+    base: &str,
+    labels: &[(&str, &str)],
+    done: &tokio::task::JoinHandle<common::HttpReply>,
+) {
+    for i in 0..100 {
+        if done.is_finished() {
+            return;
+        }
+        let req = pb::WriteRequest {
+            timeseries: vec![
+                series(&[("__name__", "unrelated"), ("x", "1")], &[(1.0, i)]),
+                series(labels, &[(250.0, 1_700_000_000_000 + i)]),
+            ],
+            ..Default::default()
+        };
+        let r = post(
+            &format!("{base}/api/v1/write"),
+            common::encode(&req),
+            RW_HEADERS,
+        )
+        .await;
+        assert!(r.status.is_success(), "{}", r.body);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn tap_is_off_unless_enable_debug_and_says_how_to_turn_it_on() {
+    let base = start_web("").await;
+    let r = get(&format!("{base}/api/v1/tap?match=up")).await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("web.enable_debug: true"), "{}", r.body);
+    let r = get(&format!("{base}/debug/tap?match=up")).await;
+    assert_eq!(r.status, 403);
+    assert!(r.body.contains("web.enable_debug: true"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn tap_api_shows_series_sent_after_it_opened_with_the_trace_and_one_at_a_time() {
+    let base = start_tap().await;
+    // Before the tap opens: not captured (the tap only sees what arrives after).
+    let before = pb::WriteRequest {
+        timeseries: vec![series(
+            &[
+                ("__name__", "sglang:kv_transfer_latency_ms"),
+                ("engine", "before"),
+            ],
+            &[(1.0, 1)],
+        )],
+        ..Default::default()
+    };
+    let r = post(
+        &format!("{base}/api/v1/write"),
+        common::encode(&before),
+        RW_HEADERS,
+    )
+    .await;
+    assert!(r.status.is_success());
+    let url = format!(
+        "{base}/api/v1/tap?match={}&limit=2&timeout=20s",
+        enc("sglang:kv_transfer_latency_ms{engine=\"a\"}")
+    );
+    let tap = tokio::spawn(async move { get(&url).await });
+    // Wait until it is open: a second tap is then refused with 409.
+    let mut refused = None;
+    for _ in 0..50 {
+        let r = get(&format!("{base}/api/v1/tap?match=up&timeout=1s")).await;
+        if r.status == 409 {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("a second tap is refused while one is open");
+    assert!(
+        json(&refused.body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("already open"),
+        "{}",
+        refused.body
+    );
+    send_until(
+        &base,
+        &[
+            ("__name__", "sglang:kv_transfer_latency_ms"),
+            ("engine", "a"),
+        ],
+        &tap,
+    )
+    .await;
+    let r = tap.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = json(&r.body);
+    let d = &v["data"];
+    assert_eq!(d["filled"], true, "{}", r.body);
+    let s = d["series"].as_array().unwrap();
+    assert_eq!(s.len(), 2);
+    assert_eq!(
+        s[0]["series"], "sglang:kv_transfer_latency_ms{engine=\"a\"}",
+        "{}",
+        r.body
+    );
+    assert_eq!(s[0]["samples"][0][0], 250.0);
+    assert_eq!(s[0]["protocol"], "1.0");
+    let out = d["dry_run"]["output"].to_string();
+    assert!(
+        out.contains("sglang:kv_transfer_latency_seconds{engine=\\\"a\\\"} 0.25"),
+        "{out}"
+    );
+    let rules = d["dry_run"]["trace"][0]["rules"].to_string();
+    assert!(rules.contains("pack sglang"), "{rules}");
+    // Counted, and the tap is free again.
+    let m = get(&format!("{base}/metrics")).await.body;
+    assert!(
+        m.contains("promnorm_taps_total{outcome=\"filled\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("promnorm_taps_total{outcome=\"refused\"}"),
+        "{m}"
+    );
+    let r = get(&format!("{base}/api/v1/tap?match=up&timeout=100ms")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(json(&r.body)["data"]["filled"], false);
+}
+
+#[tokio::test]
+async fn tap_rejects_bad_parameters() {
+    let base = start_tap().await;
+    for (q, want) in [
+        ("", "missing parameter match"),
+        ("match=up&limit=101", "limit must be 1 to 100"),
+        ("match=up&timeout=10m", "timeout must be"),
+        ("match=x%7Ba%3D~%22b%22%7D", "only = matchers"),
+    ] {
+        let r = get(&format!("{base}/api/v1/tap?{q}")).await;
+        assert_eq!(r.status, 400, "{q}: {}", r.body);
+        assert!(r.body.contains(want), "{q}: {}", r.body);
+    }
+}
+
+#[tokio::test]
+async fn tap_page_escapes_what_it_captured() {
+    let base = start_tap().await;
+    let url = format!("{base}/debug/tap?match=up&limit=1&timeout=20s");
+    let tap = tokio::spawn(async move { get(&url).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    send_until(&base, &[("__name__", "up"), ("job", XSS)], &tap).await;
+    let r = tap.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains(XSS), "{}", r.body);
+    assert!(
+        r.body
+            .contains("job=\\&quot;&lt;script&gt;alert(1)&lt;/script&gt;\\&quot;")
+            || r.body
+                .contains("job=&quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("1 of 1 series"), "{}", r.body);
+    assert!(r.body.contains("no rule applies"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn normalize_page_takes_an_uploaded_file() {
+    let (base, _) = start().await;
+    // As a browser sends the form: multipart, an empty text area and the file.
+    let body = "--b0undary\r\nContent-Disposition: form-data; name=\"text\"\r\n\r\n\r\n\
+                --b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"dump.prom\"\r\n\
+                Content-Type: application/octet-stream\r\n\r\n\
+                # TYPE sglang:kv_transfer_latency_ms gauge\n\
+                sglang:kv_transfer_latency_ms{engine=\"a\"} 250\n\r\n--b0undary--\r\n";
+    let r = post(
+        &format!("{base}/debug/normalize"),
+        body.into(),
+        &[("content-type", "multipart/form-data; boundary=b0undary")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body
+            .contains("sglang:kv_transfer_latency_seconds{engine=&quot;a&quot;} 0.25"),
+        "{}",
+        r.body
+    );
+    // The form offers the upload and sends multipart.
+    let r = get(&format!("{base}/debug/normalize")).await;
+    assert!(r.body.contains("type=\"file\""), "{}", r.body);
+    assert!(r.body.contains("multipart/form-data"), "{}", r.body);
 }

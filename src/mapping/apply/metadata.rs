@@ -73,6 +73,7 @@ impl Mapper {
         }
         let plan = Arc::new(Plan {
             rename_slot: None,
+            family_slot: None,
             steps: vec![Step {
                 when: Vec::new(),
                 action: Action::SetName(format!("{name}_total").into()),

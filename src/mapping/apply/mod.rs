@@ -205,6 +205,10 @@ impl Mapper {
         let mut name_changed = false;
         let mut rank_label: Option<Str> = None;
         if let Some(plan) = plan {
+            if let Some(slot) = plan.family_slot {
+                self.stats
+                    .note_family(slot, (s.samples.len() + s.histograms.len()) as u64);
+            }
             for step in &plan.steps {
                 if !step.when.is_empty() && !self.matches(buf, &step.when) {
                     if matches!(step.action, Action::OnlyIf) {

@@ -25,6 +25,8 @@ pub struct MapStats {
     /// Samples of renamed old names, per cut-over tracking slot, one entry per run of
     /// series of one slot ([`crate::mapping::renames`]).
     pub renames: Vec<(u32, u64)>,
+    /// (slot, series, samples) per run of series of one plan (`Rules::families`).
+    pub families: Vec<(u32, u64, u64)>,
 }
 
 impl MapStats {
@@ -46,6 +48,17 @@ impl MapStats {
         self.histograms_out = 0;
         self.metadata_out = 0;
         self.renames.clear();
+        self.families.clear();
+    }
+
+    pub(super) fn note_family(&mut self, slot: u32, samples: u64) {
+        match self.families.last_mut() {
+            Some((last, series, n)) if *last == slot => {
+                *series += 1;
+                *n += samples;
+            }
+            _ => self.families.push((slot, 1, samples)),
+        }
     }
 
     pub(super) fn note_rename(&mut self, slot: u32, samples: u64) {

@@ -191,6 +191,8 @@ pub struct Rules {
     drop_created: bool,
     created_reason: u16,
     renames: super::renames::RenameTracker,
+    /// Per plan (family): series, samples, last seen (`/rules`).
+    families: super::renames::RenameTracker,
 }
 
 impl Rules {
@@ -284,6 +286,7 @@ impl Rules {
             drop_created: global.drop_created_series,
             created_reason,
             renames: Default::default(),
+            families: Default::default(),
         };
         compiled.precompute()?;
         Ok(compiled)
@@ -307,6 +310,11 @@ impl Rules {
         &self.renames
     }
 
+    /// The per-family counters: one slot per plan (its input name, its trace as `rule`).
+    pub fn families(&self) -> &super::renames::RenameTracker {
+        &self.families
+    }
+
     /// A reload's new rules take over the running rules' cut-over counts (by pack name
     /// and old name), so that "last seen" survives a reload.
     pub fn inherit_renames(&self, old: &Rules) {
@@ -328,6 +336,22 @@ impl Rules {
             };
             let last_ms = seen.last_seen.map(|s| (s * 1000.0) as i64).unwrap_or(0);
             self.renames.record(&[(slot, seen.samples)], last_ms);
+        }
+        // The per-family counts too, under the new rules' slot of the same name (a
+        // plan whose rules changed starts from the old counts of its name).
+        for seen in old.families.snapshot() {
+            if seen.samples == 0 && seen.series == 0 || seen.from == super::renames::OTHER {
+                continue;
+            }
+            let slot = match self.lookup(&seen.from) {
+                Some(Resolution::Plan(p)) => p.family_slot,
+                _ => None,
+            };
+            if let Some(slot) = slot {
+                let last_ms = seen.last_seen.map(|s| (s * 1000.0) as i64).unwrap_or(0);
+                self.families
+                    .record_families(&[(slot, seen.series, seen.samples)], last_ms);
+            }
         }
     }
 

@@ -83,6 +83,7 @@ impl Rules {
             return None;
         }
         self.track_rename(name, &mut plan);
+        self.track_family(name, &mut plan);
         Some(plan)
     }
 
@@ -365,6 +366,25 @@ impl Rules {
                 None
             }
         }
+    }
+
+    /// Gives a plan its per-family counters' slot, under the pack of its first step.
+    fn track_family(&self, name: &str, plan: &mut Plan) {
+        let pack = plan
+            .steps
+            .iter()
+            .chain(plan.copies.iter().flat_map(|c| c.plan.steps.iter()))
+            .map(|s| s.pack)
+            .find(|p| (*p as usize) < self.packs.len())
+            .unwrap_or(0);
+        let mut rule = plan.trace.join("; ");
+        for c in &plan.copies {
+            for t in &c.plan.trace {
+                rule.push_str("; ");
+                rule.push_str(t);
+            }
+        }
+        plan.family_slot = Some(self.families.slot(pack, name, "", &rule));
     }
 
     /// Gives a plan that renames the series its cut-over tracking slot.

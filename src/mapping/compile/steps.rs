@@ -125,6 +125,8 @@ pub struct Plan {
     /// The cut-over tracking slot of a plan that renames the series
     /// ([`crate::mapping::renames`]).
     pub rename_slot: Option<u32>,
+    /// The per-family counters' slot of the plan (`Rules::families`).
+    pub family_slot: Option<u32>,
 }
 
 /// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
