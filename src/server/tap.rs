@@ -3,8 +3,9 @@
 //!
 //! Costs the request path one relaxed atomic load while no tap is open. While one is, at
 //! most one request per [`MIN_GAP`] is looked at (sampled: the others pass untouched):
-//! its body, already checked by the pipeline, is decoded again on the side into owned
-//! series, so nothing here touches the pipeline's buffers. A tap is bounded in series
+//! its body, already checked by the pipeline, is decompressed again on the side and, only
+//! when the tap's name occurs in it, decoded into owned series, so nothing here touches
+//! the pipeline's buffers. A tap is bounded in series
 //! ([`MAX_TAP_SERIES`]), samples per series, bytes ([`MAX_TAP_BYTES`]) and time (the
 //! opener's), and at most one is open at a time.
 
@@ -27,7 +28,7 @@ pub const MAX_TAP_DURATION: Duration = Duration::from_secs(120);
 /// Samples kept per captured series (the first ones of its request).
 pub const SAMPLES_PER_SERIES: usize = 3;
 /// Requests are looked at no more often than this while a tap is open.
-pub const MIN_GAP: Duration = Duration::from_millis(50);
+pub const MIN_GAP: Duration = Duration::from_millis(100);
 
 /// What a tap matches: a metric name (or a histogram/summary family name: its
 /// `_bucket`, `_sum`, `_count` series too) and `=` label matchers.
@@ -181,6 +182,12 @@ impl Tap {
             return;
         };
         cap.result.requests_examined += 1;
+        // Every matching series carries the tap's name (or a suffixed form of it) as a
+        // label value, in 1.0 and 2.0 alike: a request without those bytes holds no
+        // match, and most requests are passed over here without a decode.
+        if memchr::memmem::find(raw, cap.matcher.name.as_bytes()).is_none() {
+            return;
+        }
         match protocol {
             InputProtocol::V1 => {
                 let Ok(req) = pb::WriteRequest::decode(raw) else {

@@ -211,7 +211,7 @@ fn form(selector: &str, limit: &str, timeout: &str) -> String {
     format!(
         "<p>The next series that match a name or selector, as they arrive and as they leave \
          (the captured samples run through the running rules, as a dry run). Sampled: at \
-         most one request per 50 ms is looked at; at most {MAX_TAP_SERIES} series, {}s, and \
+         most one request per 100 ms is looked at; at most {MAX_TAP_SERIES} series, {}s, and \
          one tap at a time. The page answers when the series are in or the time is up. The \
          same as JSON: <code>GET api/v1/tap?match=…&amp;limit=…&amp;timeout=…</code>.</p>\n\
          <form method=\"get\" action=\"tap\"><label>Name or selector <input name=\"match\" \
