@@ -131,6 +131,7 @@ impl Assemble for Config {
             max_series: sizing.derived_max_series,
             max_pending_samples: sizing.derived_max_pending_samples,
             peaks,
+            otel_names: otel_names(self.otel_names.strategy),
         }))
     }
 

@@ -258,7 +258,7 @@ pub fn simulate(rules: &Rules, plan: &Plan, name: &str, labels: &[(String, Strin
         let applies = step
             .when
             .iter()
-            .all(|(n, v)| find(&work, n).is_some_and(|i| work[i].1 == **v));
+            .all(|c| c.holds(find(&work, &c.name).map(|i| work[i].1.as_bytes())));
         if !applies {
             if matches!(step.action, Action::OnlyIf) {
                 return Outcome::NotCopied;

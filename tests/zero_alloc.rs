@@ -93,6 +93,59 @@ fn zero_alloc_pipeline() {
     assert!(genai_bytes > default_bytes, "genai added no series");
 }
 
+/// The golden scrapes of the engines of issue 22 (TGI, Triton with the TensorRT-LLM
+/// backend, native TensorRT-LLM, llama.cpp with speculative decoding, the llm-d EPP,
+/// LMDeploy, SGLang's occupancy and priority breakdown), which the synthetic fleet does
+/// not send: 8 rounds of every case, one request per scrape, timestamps increasing.
+fn new_engine_bodies() -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut scrapes = Vec::new();
+    for case in [
+        "tgi",
+        "triton",
+        "trtllm",
+        "llamacpp",
+        "llamacpp_spec",
+        "llmd",
+        "lmdeploy",
+        "sglang_scheduler",
+    ] {
+        for i in 1..=4 {
+            let path = dir.join(case).join(format!("{i}.prom"));
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                scrapes.push(promnorm::exposition::parse(&text).unwrap_or_else(|e| panic!("{e}")));
+            }
+        }
+    }
+    let mut bodies = Vec::new();
+    for round in 0..8i64 {
+        for (i, scrape) in scrapes.iter().enumerate() {
+            let ts = 1_700_000_000_000 + (round * scrapes.len() as i64 + i as i64) * 15_000;
+            let req = promnorm::normalize::scrape_to_request(scrape, ts);
+            bodies.push(
+                snap::raw::Encoder::new()
+                    .compress_vec(&req.encode_to_vec())
+                    .unwrap(),
+            );
+        }
+    }
+    bodies
+}
+
+/// Every default pack on, over the new engines' series: nothing allocated once warm.
+#[test]
+fn zero_alloc_pipeline_new_engines() {
+    let bodies = new_engine_bodies();
+    assert!(bodies.len() >= 150, "{} requests", bodies.len());
+    let v1_only = Flow {
+        input: InputProtocol::V1,
+        output_v2: false,
+    };
+    check_zero_alloc(&bodies, Config::embedded_default(), "new engines", v1_only);
+    let genai = Config::parse("packs:\n  builtin: {genai: true}\n", "genai.yaml").unwrap();
+    check_zero_alloc(&bodies, genai, "new engines, genai", v1_only);
+}
+
 /// The fleet's requests as a 2.0 sender would send them (converted before counting).
 fn as_v2(bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut enc = V2Encoder::new();

@@ -2,6 +2,10 @@
 //! mapping stage, so an old engine version migrated to the new names feeds the same
 //! derived series.
 
+use std::borrow::Cow;
+
+use crate::mapping::OtelNames;
+
 /// How a derived value is computed from the deltas of its inputs over `dt` seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Formula {
@@ -74,6 +78,24 @@ pub const DEFINITIONS: &[Definition] = &[
         ],
         formula: Formula::OnePlusRatio,
     },
+    // llama.cpp server (tools/server/server-task.cpp, server_task_result_metrics::
+    // to_metrics, recent builds): vLLM's counter names under llamacpp:, where a "draft"
+    // is one verification step. Older builds have no speculative counters.
+    ratio(
+        "llamacpp:spec_decode_acceptance_ratio",
+        &[
+            "llamacpp:spec_decode_num_accepted_tokens_total",
+            "llamacpp:spec_decode_num_draft_tokens_total",
+        ],
+    ),
+    Definition {
+        name: "llamacpp:spec_decode_mean_acceptance_length",
+        inputs: &[
+            "llamacpp:spec_decode_num_accepted_tokens_total",
+            "llamacpp:spec_decode_num_drafts_total",
+        ],
+        formula: Formula::OnePlusRatio,
+    },
     ratio(
         "vllm:prompt_tokens_cached_ratio",
         &[
@@ -138,6 +160,40 @@ pub const DEFINITIONS: &[Definition] = &[
         formula: Formula::BandwidthUtilisation,
     },
 ];
+
+/// Inputs that are OpenTelemetry instruments (the `lmcache` pack's `otel:` list): (the
+/// name [`DEFINITIONS`] give them, which is their default spelling, instrument, unit).
+/// The mapping stage writes every spelling of them under the one `otel_names.strategy`
+/// names; the deriver reads them under that one ([`input_spelling`]).
+pub const OTEL_INPUTS: &[(&str, &str, &str)] = &[
+    (
+        "lmcache_mp_lookup_hit_tokens_total",
+        "lmcache_mp.lookup_hit",
+        "tokens",
+    ),
+    (
+        "lmcache_mp_lookup_requested_tokens_total",
+        "lmcache_mp.lookup_requested",
+        "tokens",
+    ),
+];
+
+/// The name a definition's input leaves the mapping stage under with `strategy`: an
+/// OpenTelemetry counter's spelling (with suffixes: unit and `_total`; without: neither),
+/// any other input as it is.
+pub fn input_spelling(input: &'static str, strategy: OtelNames) -> Cow<'static, str> {
+    match OTEL_INPUTS.iter().find(|(n, _, _)| *n == input) {
+        Some((_, instrument, unit)) => {
+            let name = strategy.spell(instrument, Some(unit));
+            if strategy.suffixes() {
+                Cow::Owned(format!("{name}_total"))
+            } else {
+                Cow::Owned(name)
+            }
+        }
+        None => Cow::Borrowed(input),
+    }
+}
 
 /// The largest number of inputs a definition has.
 pub const MAX_INPUTS: usize = 2;

@@ -54,6 +54,9 @@ pub struct DeriveSettings {
     /// Derived samples waiting for the writer, at most (beyond: dropped and counted).
     pub max_pending_samples: usize,
     pub peaks: Vec<Peak>,
+    /// The spelling OpenTelemetry-originated inputs leave the mapping stage in
+    /// (`otel_names.strategy`).
+    pub otel_names: crate::mapping::OtelNames,
 }
 
 impl Default for DeriveSettings {
@@ -65,6 +68,7 @@ impl Default for DeriveSettings {
             max_series: 1_000_000,
             max_pending_samples: 1_000_000,
             peaks: Vec::new(),
+            otel_names: crate::mapping::OtelNames::default(),
         }
     }
 }
@@ -142,15 +146,19 @@ impl Deriver {
             .copied()
             .collect();
         let mut inputs: AHashMap<Box<[u8]>, Vec<(u16, u8)>> = AHashMap::new();
+        let mut tapped = Vec::new();
         for (di, d) in defs.iter().enumerate() {
             for (slot, name) in d.inputs.iter().enumerate() {
+                // Read under the name the mapping stage writes it (otel_names.strategy).
+                let name = defs::input_spelling(name, settings.otel_names);
                 inputs
                     .entry(name.as_bytes().into())
                     .or_default()
                     .push((di as u16, slot as u8));
+                tapped.push(name);
             }
         }
-        let taps = TapSet::new(defs.iter().flat_map(|d| d.inputs.iter().copied()));
+        let taps = TapSet::new(tapped.iter().map(|n| n.as_ref()));
         let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
         Deriver {
             defs,

@@ -147,6 +147,9 @@ pub struct MatchSpec {
     /// Exact label matchers; the rule applies only to series that carry all of them.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Label names the rule requires with any (non-empty) value.
+    #[serde(default)]
+    pub has_labels: Vec<String>,
 }
 
 /// A family whose label value chooses the new name; the label is removed.

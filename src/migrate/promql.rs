@@ -21,7 +21,9 @@ use promql_parser::parser::{
 
 use crate::explain::rescale_le;
 use crate::mapping::Rules;
-use crate::mapping::compile::{Action, Plan, REASON_RANK_DEDUP, Resolution, ScaleTarget};
+use crate::mapping::compile::{
+    Action, LabelCond, Plan, REASON_RANK_DEDUP, Resolution, ScaleTarget,
+};
 use crate::mapping::number::Factor;
 
 /// Why a query was changed, or why it needs a human. The `snake_case` names are the
@@ -504,11 +506,7 @@ impl Walk<'_> {
                     if matches!(step.action, Action::OnlyIf | Action::SumOverRanks(_)) {
                         continue;
                     }
-                    let cond: Vec<String> = step
-                        .when
-                        .iter()
-                        .map(|(k, v)| format!("{k}=\"{v}\""))
-                        .collect();
+                    let cond: Vec<String> = step.when.iter().map(|c| c.to_string()).collect();
                     self.old_ref(name.clone());
                     self.note(
                         Reason::LabelDependent,
@@ -1099,18 +1097,26 @@ impl Selected {
         }
     }
 
-    fn decides(&self, when: &[(Box<str>, Box<str>)]) -> Decided {
+    fn decides(&self, when: &[LabelCond]) -> Decided {
         let mut all = true;
-        for (k, v) in when {
+        for c in when {
+            let k = &c.name;
             let on: Vec<&Matcher> = self.matchers.iter().filter(|m| *m.name == **k).collect();
             let mut yes = false;
             for m in &on {
-                match &m.op {
-                    MatchOp::Equal if *m.value == **v => yes = true,
-                    MatchOp::Equal => return Decided::No,
-                    MatchOp::NotEqual if *m.value == **v => return Decided::No,
-                    MatchOp::Re(re) if !re.is_match(v) => return Decided::No,
-                    MatchOp::NotRe(re) if re.is_match(v) => return Decided::No,
+                match (&c.value, &m.op) {
+                    (Some(v), MatchOp::Equal) if *m.value == **v => yes = true,
+                    (Some(_), MatchOp::Equal) => return Decided::No,
+                    (Some(v), MatchOp::NotEqual) if *m.value == **v => return Decided::No,
+                    (Some(v), MatchOp::Re(re)) if !re.is_match(v) => return Decided::No,
+                    (Some(v), MatchOp::NotRe(re)) if re.is_match(v) => return Decided::No,
+                    // Presence (`has_labels`): the selector asks for the label empty
+                    // (absent) or for some non-empty value.
+                    (None, MatchOp::Equal) if m.value.is_empty() => return Decided::No,
+                    (None, MatchOp::Equal) => yes = true,
+                    (None, MatchOp::NotEqual) if m.value.is_empty() => yes = true,
+                    (None, MatchOp::Re(re)) if !re.is_match("") => yes = true,
+                    (None, MatchOp::NotRe(re)) if re.is_match("") => yes = true,
                     _ => {}
                 }
             }

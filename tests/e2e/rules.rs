@@ -192,6 +192,20 @@ fn exposition(t: f64) -> String {
     counter(&mut fams, "lmcache:num_hit_tokens_total", l, 200.0);
     counter(&mut fams, "lmcache:num_lookup_tokens_total", l, 700.0);
     counter(&mut fams, "lmcache:num_lookup_hits_total", l, 350.0);
+    // llama.cpp's speculative decoding counters (no labels: llama.cpp sets none).
+    counter(&mut fams, "llamacpp:spec_decode_num_drafts_total", "", 30.0);
+    counter(
+        &mut fams,
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "",
+        120.0,
+    );
+    counter(
+        &mut fams,
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "",
+        78.0,
+    );
     // Triton's response cache: counters without `_total`, as Triton writes them (the
     // triton pack adds it); hit ratio 0.4.
     let l = "model=\"ensemble\",version=\"1\"";
@@ -534,6 +548,7 @@ async fn the_ruler_computes_what_the_proxy_computes() {
                 "vllm:mfu_ratio" | "vllm:mbu_ratio" => 2, // mistral-7b has no peak
                 n if n.starts_with("sglang:")
                     || n.starts_with("lmcache")
+                    || n.starts_with("llamacpp:")
                     || n.starts_with("nv_") =>
                 {
                     1

@@ -151,6 +151,11 @@ fn explain_decides_label_dependent_rules_with_the_selector_labels() {
             r#"sglang:num_running_reqs{tp_rank="0"}"#,
             r#"result: sglang:num_running_reqs{tp_rank="0"}"#,
         ),
+        // has_labels: SGLang's per-priority breakdown leaves the totals' family.
+        (
+            r#"sglang:num_running_reqs{priority="1",tp_rank="0"}"#,
+            r#"result: sglang:num_running_reqs_by_priority{priority="1",tp_rank="0"}"#,
+        ),
         (
             r#"vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"}"#,
             r#"result: vllm:kv_offload_store_bytes_total{engine="0"}"#,

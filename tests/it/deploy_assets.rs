@@ -516,6 +516,7 @@ fn is_fleet_metric(name: &str) -> bool {
     name.contains(':')
         || [
             "DCGM_", "mooncake", "lmcache", "sglang", "vllm", "node_", "master_", "dynamo_", "nv_",
+            "tgi_", "trtllm", "lmdeploy", "llamacpp", "llm_d_",
         ]
         .iter()
         .any(|p| name.starts_with(p))
@@ -609,6 +610,7 @@ fn llm_serving_dashboard_queries_only_normalised_names() {
         "sglang:kv_transfer_latency_seconds_bucket",
         "mooncake_transfer_get_latency_seconds_bucket",
         "nv_cache_hit_ratio",
+        "llamacpp:spec_decode_acceptance_ratio",
     ] {
         assert!(
             used.contains(expected),
@@ -1327,6 +1329,121 @@ fn dynamo_row_queries_the_dumps_normalised_names() {
         "dynamo_frontend_output_tokens_total",
     ] {
         assert!(used.contains(want), "the Dynamo row has no panel on {want}");
+    }
+}
+
+/// The rows of the engines added in issue 22, each with the golden cases whose output
+/// holds the names its panels may query and names it must query.
+const ENGINE_ROWS: [(&str, &[&str], &[&str]); 5] = [
+    (
+        "Hugging Face TGI",
+        &["tgi"],
+        &[
+            "tgi_request_success_total",
+            "tgi_request_duration_seconds_bucket",
+            "tgi_queue_size",
+        ],
+    ),
+    (
+        "TensorRT-LLM",
+        &["trtllm"],
+        &[
+            "trtllm_request_success_total",
+            "trtllm_time_to_first_token_seconds_bucket",
+            "trtllm_time_per_output_token_seconds_bucket",
+            "trtllm_kv_cache_utilization",
+        ],
+    ),
+    (
+        "TensorRT-LLM (Triton backend)",
+        &["triton"],
+        &[
+            "nv_trt_llm_kv_cache_usage_ratio",
+            "nv_trt_llm_inflight_batcher_generation_requests",
+            "nv_trt_llm_kv_cache_transfer_seconds_total",
+        ],
+    ),
+    (
+        "LMDeploy",
+        &["lmdeploy"],
+        &[
+            "lmdeploy:generation_tokens_total",
+            "lmdeploy:time_to_first_token_seconds_bucket",
+            "lmdeploy:kv_cache_usage_ratio",
+        ],
+    ),
+    (
+        "llm-d router (EPP)",
+        &["llmd", "llmd_twins"],
+        &[
+            "llm_d_epp_request_total",
+            "llm_d_epp_request_duration_seconds_bucket",
+            "llm_d_epp_ready_endpoints",
+        ],
+    ),
+];
+
+/// Each engine row of llm-serving.json queries only what the compiled packs write for
+/// that engine: every query comes out of the migrate rewriter (the built-in rules run
+/// over PromQL) unchanged, and every metric it names is in the engine's golden output.
+#[test]
+fn engine_rows_query_names_the_compiled_packs_write() {
+    let rel = "deploy/grafana/llm-serving.json";
+    let d = json(rel);
+    let rules = Config::parse("", "default")
+        .expect("the default configuration parses")
+        .compile_rules()
+        .expect("the built-in packs compile");
+    let rw = promnorm::migrate::QueryRewriter::new(&rules, false);
+    // Guards the check: a query over an engine's raw name is rewritten.
+    for raw in [
+        "rate(tgi_request_count[5m])",
+        r#"nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}"#,
+        "lmdeploy:gpu_cache_usage_perc",
+        "inference_objective_request_total",
+        "trtllm:time_per_output_token_seconds_bucket",
+    ] {
+        assert!(rw.rewrite(raw).changed, "{raw} should be rewritten");
+    }
+    for (title, cases, wanted) in ENGINE_ROWS {
+        let mut written = BTreeSet::new();
+        for case in cases {
+            let out = read(format!("tests/golden/{case}/expected.out"));
+            written.extend(identifiers(&out).into_iter().map(str::to_string));
+        }
+        let row = row_panels(&d, title);
+        assert!(row.len() >= 3, "the {title} row has {} panels", row.len());
+        let mut used = BTreeSet::new();
+        for p in &row {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                let expr = t["expr"].as_str().unwrap_or_default();
+                let r = rw.rewrite(expr);
+                assert!(
+                    !r.changed && r.findings.is_empty(),
+                    "{title}: {}: the built-in rules rewrite {expr:?} into {:?} ({:?})",
+                    panel_title(p),
+                    r.query,
+                    r.findings
+                );
+                for name in identifiers(&without_strings(expr)) {
+                    if !is_fleet_metric(name) {
+                        continue;
+                    }
+                    assert!(
+                        written.contains(name),
+                        "{title}: {}: {name} is in no output of {cases:?}",
+                        panel_title(p)
+                    );
+                    used.insert(name.to_string());
+                }
+            }
+        }
+        for want in wanted {
+            assert!(
+                used.contains(*want),
+                "the {title} row has no panel on {want}"
+            );
+        }
     }
 }
 

@@ -192,6 +192,16 @@ fn genai_series_are_the_conventions_names_with_their_required_attributes() {
         let files = seen.get(&m.prom_name).map_or(0, BTreeSet::len);
         assert!(files >= 3, "{}: from {files} engine dumps", m.prom_name);
     }
+    // Native TensorRT-LLM writes all three histograms (tensorrt_llm/metrics/collector.py):
+    // each gets its copy, time per output token included.
+    for m in &spec.metrics {
+        assert!(
+            seen.get(&m.prom_name)
+                .is_some_and(|files| files.contains("trtllm/1.prom")),
+            "trtllm/1.prom: no {}",
+            m.prom_name
+        );
+    }
     // Every engine scrape gives at least one spec family.
     for f in ENGINE_SCRAPES {
         assert!(

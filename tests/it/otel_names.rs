@@ -235,3 +235,48 @@ fn explain_shows_the_otel_spelling() {
         "{text}"
     );
 }
+
+/// The derived `lmcache_mp_lookup_hit_ratio` reads its OpenTelemetry inputs under the
+/// spelling the strategy writes them in (regression: it read only the default
+/// `…_tokens_total` spelling, so any other strategy left it empty).
+#[test]
+fn derived_series_read_the_spelling_the_strategy_writes() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/derived_ratios");
+    let scrapes: Vec<(String, String)> = (1..=4)
+        .map(|i| {
+            let p = dir.join(format!("{i}.prom"));
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect();
+    let ratio_lines = |strategy: &str| -> Vec<String> {
+        let text = format!("listen: 127.0.0.1:0\notel_names: {{strategy: {strategy}}}\n");
+        let cfg = Config::parse(&text, "t.yaml").unwrap();
+        let p = cfg.pipeline().unwrap_or_else(|e| panic!("{e}"));
+        promnorm::normalize::normalize(&p, &scrapes, 15_000)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .lines()
+            .filter(|l| l.starts_with("lmcache_mp_lookup_hit_ratio{"))
+            .map(str::to_string)
+            .collect()
+    };
+    let want = ratio_lines("underscore_with_suffixes");
+    assert_eq!(
+        want,
+        [
+            "lmcache_mp_lookup_hit_ratio{instance_id=\"a\"} 0.25 1700000015000",
+            "lmcache_mp_lookup_hit_ratio{instance_id=\"a\"} 0.5 1700000045000",
+        ],
+        "the default spelling"
+    );
+    for strategy in STRATEGIES {
+        let (_, counter, _) = spelling(strategy);
+        assert_eq!(
+            ratio_lines(strategy),
+            want,
+            "{strategy}: inputs written as {counter}"
+        );
+    }
+}

@@ -1136,3 +1136,91 @@ fn names_rules_write_still_get_pattern_rules() {
         "a logical family's tp_rank=1 is deduplicated"
     );
 }
+
+/// `has_labels` (SGLang's priority breakdown): the rule applies to the series carrying
+/// the label with a value, in the pipeline and in the migrate rewriter; the totals,
+/// without it (or with it empty), stay in the family.
+#[test]
+fn has_labels_rules_apply_to_series_that_carry_the_label() {
+    let p = pipeline("");
+    let t = 1_700_000_000_000;
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[("__name__", "sglang:num_running_reqs"), ("tp_rank", "0")],
+                &[(6.0, t)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:num_running_reqs"),
+                    ("priority", "2"),
+                    ("tp_rank", "0"),
+                ],
+                &[(4.0, t)],
+            ),
+            series(
+                &[
+                    ("__name__", "sglang:num_queue_reqs"),
+                    ("priority", ""),
+                    ("tp_rank", "0"),
+                ],
+                &[(1.0, t)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    let totals = find(&out, "sglang:num_running_reqs");
+    assert_eq!(totals.len(), 1, "{out:?}");
+    assert_eq!(totals[0].samples[0].value, 6.0);
+    let by = find(&out, "sglang:num_running_reqs_by_priority");
+    assert_eq!(by.len(), 1, "{out:?}");
+    assert_eq!(by[0].samples[0].value, 4.0);
+    assert!(
+        by[0]
+            .labels
+            .iter()
+            .any(|l| l.name == "priority" && l.value == "2")
+    );
+    // An empty label is no label: a total.
+    assert_eq!(find(&out, "sglang:num_queue_reqs").len(), 1, "{out:?}");
+    assert!(find(&out, "sglang:num_queue_reqs_by_priority").is_empty());
+
+    let rules = Config::parse("", "default")
+        .unwrap()
+        .compile_rules()
+        .unwrap();
+    let rw = promnorm::migrate::QueryRewriter::new(&rules, false);
+    for (query, want) in [
+        (
+            r#"sglang:num_running_reqs{priority="2"}"#,
+            Some(r#"sglang:num_running_reqs_by_priority{priority="2"}"#),
+        ),
+        (
+            r#"sglang:num_running_reqs{priority!=""}"#,
+            Some(r#"sglang:num_running_reqs_by_priority{priority!=""}"#),
+        ),
+        (r#"sglang:num_running_reqs{priority=""}"#, None),
+    ] {
+        let r = rw.rewrite(query);
+        let label_dependent = |r: &promnorm::migrate::Rewritten| {
+            r.findings
+                .iter()
+                .any(|f| f.reason == promnorm::migrate::Reason::LabelDependent)
+        };
+        assert!(!label_dependent(&r), "{query}: {:?}", r.findings);
+        match want {
+            Some(w) => assert_eq!(r.query, w, "{query}"),
+            None => assert!(!r.changed, "{query}: {}", r.query),
+        }
+    }
+    // Without a priority matcher the query's meaning depends on the label: said so.
+    let r = rw.rewrite("sglang:num_running_reqs");
+    assert!(
+        !r.changed
+            && r.findings
+                .iter()
+                .any(|f| f.reason == promnorm::migrate::Reason::LabelDependent),
+        "{r:?}"
+    );
+}

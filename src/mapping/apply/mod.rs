@@ -29,8 +29,8 @@ use ahash::{AHashMap, AHashSet};
 
 use super::cache::NameCache;
 use super::compile::{
-    Action, MetadataPlan, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP, Resolution, Rules,
-    ScaleTarget, Step,
+    Action, LabelCond, MetadataPlan, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP,
+    Resolution, Rules, ScaleTarget, Step,
 };
 use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};

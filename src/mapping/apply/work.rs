@@ -98,10 +98,12 @@ impl Mapper {
             .position(|l| self.str_bytes(l.name, buf) == name)
     }
 
-    pub(super) fn matches(&self, buf: &[u8], when: &[(Box<str>, Box<str>)]) -> bool {
-        when.iter().all(|(n, v)| {
-            self.find(buf, n.as_bytes())
-                .is_some_and(|i| self.str_bytes(self.work[i].value, buf) == v.as_bytes())
+    pub(super) fn matches(&self, buf: &[u8], when: &[LabelCond]) -> bool {
+        when.iter().all(|c| {
+            c.holds(
+                self.find(buf, c.name.as_bytes())
+                    .map(|i| self.str_bytes(self.work[i].value, buf)),
+            )
         })
     }
 

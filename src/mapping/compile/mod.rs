@@ -49,7 +49,7 @@ struct CompiledRule {
     phase: u8,
     matcher: Matcher,
     family_type: FamilyType,
-    when: Vec<(Box<str>, Box<str>)>,
+    when: Vec<LabelCond>,
     drop: Option<u16>,
     rename: Option<String>,
     scale: Option<Factor>,

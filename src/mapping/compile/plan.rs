@@ -94,7 +94,7 @@ impl Rules {
         r: &CompiledRule,
         kind: Kind,
         target_base: &str,
-        when: &[(Box<str>, Box<str>)],
+        when: &[LabelCond],
         cur: &mut String,
         plan: &mut Plan,
     ) {
@@ -102,7 +102,7 @@ impl Rules {
         // What this rule does, in words, for `explain`.
         let mut details: Vec<String> = Vec::new();
         if !r.when.is_empty() {
-            let cond: Vec<String> = r.when.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let cond: Vec<String> = r.when.iter().map(LabelCond::to_string).collect();
             details.push(format!("only series with {}", cond.join(", ")));
         }
         let pack = r.pack;
@@ -158,7 +158,10 @@ impl Rules {
                 {
                     words.push_str(&format!(" ({factor})"));
                     let mut cond = when.to_vec();
-                    cond.push((label.clone(), v.clone()));
+                    cond.push(LabelCond {
+                        name: label.clone(),
+                        value: Some(v.clone()),
+                    });
                     plan.steps.push(Step {
                         when: cond,
                         action: Action::Scale { factor, target },

@@ -137,7 +137,14 @@ pub(super) fn compile_rule(
         when: m
             .labels
             .iter()
-            .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+            .map(|(k, v)| LabelCond {
+                name: k.as_str().into(),
+                value: Some(v.as_str().into()),
+            })
+            .chain(m.has_labels.iter().map(|k| LabelCond {
+                name: k.as_str().into(),
+                value: None,
+            }))
             .collect(),
         drop: spec.drop.as_deref().map(reason_id),
         rename: spec.rename.clone(),

@@ -93,10 +93,39 @@ pub const REASON_RANK_DEDUP: u16 = 1;
 /// Index of the built-in drop reason `duplicate_timestamp` in [`Rules::reasons`].
 pub const REASON_DUPLICATE_TIMESTAMP: u16 = 2;
 
+/// One label condition of a rule: `name="value"` (`match.labels`), or, without a value,
+/// `name` present with any value (`match.has_labels`; an empty label is no label on the
+/// wire, so present means non-empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelCond {
+    pub name: Box<str>,
+    pub value: Option<Box<str>>,
+}
+
+impl LabelCond {
+    /// Whether a series whose label `name` has `value` (`None`: absent) meets it.
+    pub fn holds(&self, value: Option<&[u8]>) -> bool {
+        match (&self.value, value) {
+            (Some(want), Some(v)) => want.as_bytes() == v,
+            (None, Some(v)) => !v.is_empty(),
+            (_, None) => false,
+        }
+    }
+}
+
+impl std::fmt::Display for LabelCond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}=\"{v}\"", self.name),
+            None => write!(f, "{}!=\"\"", self.name),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Step {
-    /// Exact label matchers, checked against the series' labels at that point.
-    pub when: Vec<(Box<str>, Box<str>)>,
+    /// Label conditions, checked against the series' labels at that point.
+    pub when: Vec<LabelCond>,
     pub action: Action,
     pub pack: u16,
 }
