@@ -66,7 +66,7 @@ if ! command -v chromedriver >/dev/null 2>&1; then
       apt-get install -y -qq --no-install-recommends chromium-driver >/dev/null
     }
   else
-    echo "[test] chromedriver is missing: apt-get install chromium-driver (tests/e2e_ui.rs)" >&2
+    echo "[test] chromedriver is missing: apt-get install chromium-driver (tests/e2e/ui.rs)" >&2
     exit 1
   fi
 fi
@@ -95,7 +95,7 @@ if command -v kubectl >/dev/null 2>&1; then
 fi
 
 # Everything else comes from the repository: the zero-allocation test and the benches
-# build their remote-write payloads in process (tests/support/fleet.rs).
+# build their remote-write payloads in process (promnorm::testkit::fleet).
 # Tests build optimised but without link-time optimisation: ~25 test binaries link in
 # minutes instead of tens of minutes on two cores; benchmarks keep the release profile.
 export CARGO_PROFILE_RELEASE_LTO=false
