@@ -428,8 +428,35 @@ pub fn samples_received(n: u64) {
     metrics::counter!(SAMPLES_RECEIVED).increment(n);
 }
 
-pub fn samples_forwarded(backend: &str, n: u64) {
-    metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+/// A backend's metric handles, made once when the backend is built: the request path
+/// and the queue's senders count through them, without building a label string or
+/// looking the series up for each request.
+pub struct BackendMetrics {
+    samples_forwarded: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl BackendMetrics {
+    pub fn new(backend: &str) -> BackendMetrics {
+        // The recorder first: a handle taken before it is installed counts nowhere.
+        metrics_handle();
+        BackendMetrics {
+            samples_forwarded: metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()),
+            duration: metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()),
+        }
+    }
+
+    /// Samples the backend acknowledged.
+    pub fn samples_forwarded(&self, n: u64) {
+        self.samples_forwarded.increment(n);
+    }
+
+    /// One request to the backend: its duration, and its answer's code.
+    pub fn request(&self, backend: &str, code: String, seconds: f64) {
+        self.duration.record(seconds);
+        metrics::counter!(BACKEND_REQUESTS, "backend" => backend.to_string(), "code" => code)
+            .increment(1);
+    }
 }
 
 /// NHCB histograms sent to `backend` unrolled into classic series.
@@ -546,12 +573,6 @@ pub fn queue_send_lag(backend: &str, lag: std::time::Duration) {
 
 pub fn derived_samples(series: &'static str, n: u64) {
     metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(n);
-}
-
-pub fn backend_request(backend: &str, code: String, seconds: f64) {
-    metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()).record(seconds);
-    metrics::counter!(BACKEND_REQUESTS, "backend" => backend.to_string(), "code" => code)
-        .increment(1);
 }
 
 pub fn backend_misconfigured(backend: &str, refused: bool) {
