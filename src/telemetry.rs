@@ -432,6 +432,8 @@ pub fn samples_received(n: u64) {
 /// and the queue's senders count through them, without building a label string or
 /// looking the series up for each request.
 pub struct BackendMetrics {
+    /// The `backend` label, shared: cloning it copies no text.
+    label: metrics::SharedString,
     samples_forwarded: metrics::Counter,
     duration: metrics::Histogram,
 }
@@ -441,6 +443,7 @@ impl BackendMetrics {
         // The recorder first: a handle taken before it is installed counts nowhere.
         metrics_handle();
         BackendMetrics {
+            label: metrics::SharedString::from_shared(std::sync::Arc::from(backend)),
             samples_forwarded: metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()),
             duration: metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()),
         }
@@ -452,10 +455,23 @@ impl BackendMetrics {
     }
 
     /// One request to the backend: its duration, and its answer's code.
-    pub fn request(&self, backend: &str, code: String, seconds: f64) {
+    pub fn request(&self, code: String, seconds: f64) {
         self.duration.record(seconds);
-        metrics::counter!(BACKEND_REQUESTS, "backend" => backend.to_string(), "code" => code)
+        metrics::counter!(BACKEND_REQUESTS, "backend" => self.label.clone(), "code" => code)
             .increment(1);
+    }
+
+    /// What the backend did with one tenant's share of a request (`outcome`:
+    /// `delivered`, `queued`, `rejected` (a data error), `failed` (the sender is asked
+    /// to retry)).
+    pub fn tenant_samples(&self, tenant: &str, outcome: &'static str, n: u64) {
+        metrics::counter!(
+            TENANT_SAMPLES,
+            "backend" => self.label.clone(),
+            "tenant" => tenant_label(tenant),
+            "outcome" => outcome
+        )
+        .increment(n);
     }
 }
 
@@ -495,18 +511,6 @@ pub fn tenant_label(tenant: &str) -> String {
         return tenant.to_string();
     }
     "other".into()
-}
-
-/// What one backend did with one tenant's share of a request (`outcome`: `delivered`,
-/// `queued`, `rejected` (a data error), `failed` (the sender is asked to retry)).
-pub fn tenant_samples(backend: &str, tenant: &str, outcome: &'static str, n: u64) {
-    metrics::counter!(
-        TENANT_SAMPLES,
-        "backend" => backend.to_string(),
-        "tenant" => tenant_label(tenant),
-        "outcome" => outcome
-    )
-    .increment(n);
 }
 
 /// Samples a backend's queue dropped (`backend_rejected`, `max_age`, `queue_full`,

@@ -420,7 +420,7 @@ impl HttpBackend {
                 (status.as_u16().to_string(), outcome)
             }
         };
-        self.metrics.request(name, code, seconds);
+        self.metrics.request(code, seconds);
         self.note_configuration_state(&outcome);
         (outcome, written_headers)
     }

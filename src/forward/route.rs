@@ -233,7 +233,7 @@ impl Routing {
             let unrolled_members: Vec<(usize, bool)> = members
                 .iter()
                 .map(|&i| {
-                    let (v1, v2) = unrolls(&*sinks[i]);
+                    let (v1, v2) = unrolls(&sinks[i]);
                     (i, if sinks[i].wants_v2() { v2 } else { v1 })
                 })
                 .collect();
@@ -361,7 +361,7 @@ impl Routing {
                 .plain
                 .iter()
                 .copied()
-                .filter(|&i| unrolls(&*sinks[i]) == variant)
+                .filter(|&i| unrolls(&sinks[i]) == variant)
                 .collect();
             if members.is_empty() {
                 continue;

@@ -630,7 +630,9 @@ async fn forward(
         }
         match &d.tenant {
             Some(t) => {
-                telemetry::tenant_samples(backend.name(), t, o.label(), d.payload.samples);
+                backend
+                    .metrics()
+                    .tenant_samples(t, o.label(), d.payload.samples);
                 names.push(format!("{} (tenant {t})", backend.name()).into());
             }
             None => names.push(backend.name().into()),
@@ -687,4 +689,55 @@ pub async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received; draining");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24: each early answer keeps the status and text the handler gave inline.
+    #[test]
+    fn ingest_errors_answer_with_their_status_and_reason() {
+        let cases = [
+            (IngestError::MissingToken, 401, "missing bearer token"),
+            (IngestError::InvalidToken, 403, "invalid bearer token"),
+            (
+                IngestError::DeclaredTooLarge { len: 10, limit: 5 },
+                413,
+                "body of 10 bytes is over the limit of 5",
+            ),
+            (
+                IngestError::BodyTimeout(Duration::from_secs(3)),
+                408,
+                "request body not received within 3s (server.body_read_timeout)",
+            ),
+            (
+                IngestError::Throttled {
+                    why: budget::Throttle::Bytes,
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                },
+                503,
+                "promnorm is over its in-flight bytes budget (limits.max_inflight_bytes); retry later",
+            ),
+            (
+                IngestError::Throttled {
+                    why: budget::Throttle::Concurrency,
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                },
+                429,
+                "promnorm is over its concurrent-request budget (limits.max_concurrent_requests); retry later",
+            ),
+        ];
+        for (e, status, text) in cases {
+            assert_eq!(e.to_string(), text);
+            let throttled = matches!(e, IngestError::Throttled { .. });
+            let resp = e.into_response();
+            assert_eq!(resp.status().as_u16(), status, "{text}");
+            assert_eq!(
+                resp.headers().get(header::RETRY_AFTER).is_some(),
+                throttled,
+                "{text}"
+            );
+        }
+    }
 }
