@@ -1,7 +1,9 @@
 //! Assembly: turns a validated [`Config`] into the running parts — compiled packs,
-//! derive stage, pipeline, backends and server state. `config` stays plain data plus
-//! validation; the stages never see configuration types. This is the only module that
-//! knows both.
+//! derive stage, pipeline, backends and server state — through one function, [`build`],
+//! which `serve`, `check-config`, a reload and the tests all use. `config` stays plain
+//! data plus validation; the stages never see configuration types. With `reload` (which
+//! builds through this module, never the other way round), the only module that knows
+//! both.
 
 use std::sync::Arc;
 
@@ -10,12 +12,14 @@ use crate::config::{
     ConfigError, NativeHistogramsConfig, OtelNamesStrategy, QueueConfig, QueueType, TenancyConfig,
     WhenFullConfig, yaml,
 };
-use crate::forward::queue::{QueueKind, QueueOptions, QueuedSink, WhenFull};
+use crate::derive::DeriveSettings;
+use crate::forward::queue::{QueueError, QueueKind, QueueOptions, WhenFull};
 use crate::forward::{
-    BackendError, BackendOptions, BackendProtocol, BasicCredentials, HttpBackend,
-    NativeHistogramsPolicy, Sink, TenancyOptions, TlsOptions,
+    Backend, BackendError, BackendOptions, BackendProtocol, BasicCredentials, Forwarder,
+    HttpBackend, NativeHistogramsPolicy, TenancyOptions, TlsOptions,
 };
 use crate::mapping::{CompileError, GlobalOptions, PackOptions, PackSpec, Rules};
+use crate::server::AppState;
 
 /// Why a configuration could not be turned into a running proxy.
 #[derive(Debug, thiserror::Error)]
@@ -27,8 +31,8 @@ pub enum BuildError {
     #[error(transparent)]
     Backend(#[from] BackendError),
     /// A backend's queue could not be opened (its directory held or unwritable).
-    #[error("{0}")]
-    Queue(String),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
     #[error(transparent)]
     ServerTls(#[from] crate::server::tls::TlsError),
 }
@@ -463,26 +467,6 @@ fn tenancy_options(
     })
 }
 
-/// The HTTP backends of a configuration.
-pub fn backends(cfg: &Config) -> Result<Vec<Arc<dyn Sink>>, BuildError> {
-    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-    let sizing = cfg.sizing();
-    for (i, b) in cfg.backends.iter().enumerate() {
-        let http = HttpBackend::new(backend_options(
-            b,
-            i,
-            cfg.tenancy.as_ref(),
-            cfg.server.throttle_status,
-        )?)?;
-        let max_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
-        match queue_options(&b.queue, max_bytes, cfg.server.throttle_status) {
-            None => sinks.push(Arc::new(http)),
-            Some(q) => sinks.push(Arc::new(QueuedSink::new(Arc::new(http), q))),
-        }
-    }
-    Ok(sinks)
-}
-
 /// A backend's queue settings; `None` for `type: none`. `max_bytes`: the queue's size
 /// with `auto` resolved (`Sizing::queue_max_bytes`).
 pub fn queue_options(
@@ -512,27 +496,6 @@ pub fn queue_options(
         first_backoff: std::time::Duration::from_millis(250),
         max_backoff: std::time::Duration::from_secs(30),
     })
-}
-
-/// The server's state for a configuration, with HTTP backends.
-pub fn app_state(cfg: &Config) -> Result<crate::server::AppState, BuildError> {
-    let rules = cfg.validate()?;
-    let forwarder = crate::forward::Forwarder::new(backends(cfg)?);
-    app_state_with(cfg, rules, forwarder)
-}
-
-/// The server's state around any forwarder (tests use in-process sinks).
-pub fn app_state_with(
-    cfg: &Config,
-    rules: Rules,
-    forwarder: crate::forward::Forwarder,
-) -> Result<crate::server::AppState, BuildError> {
-    let pipeline = cfg.pipeline_with(rules)?;
-    Ok(crate::server::AppState::new(
-        pipeline,
-        forwarder,
-        server_options(cfg)?,
-    ))
 }
 
 /// The web UI's settings of a configuration (its credentials read).
@@ -613,124 +576,329 @@ pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, Buil
     })
 }
 
-/// A backend URL's host and port (the scheme's port when none is written).
-fn backend_address(url: &str) -> Option<(String, u16)> {
-    let uri: http::Uri = url.parse().ok()?;
-    let port = uri
-        .port_u16()
-        .unwrap_or(if uri.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        });
-    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
-    Some((host.to_string(), port))
+/// A backend as built, kept across reloads while its options are the same.
+struct BuiltBackend {
+    options: BackendOptions,
+    /// The backend's queue (`None`: unqueued): a changed queue is a changed backend.
+    queue: Option<QueueOptions>,
+    /// The CA file's contents: a renewed CA file is a changed backend.
+    ca: Option<Vec<u8>>,
+    backend: Arc<Backend>,
 }
 
-/// Says at start, once and without stopping anything, when a backend cannot be
-/// connected: otherwise a wrong port or a receiver that is not up yet shows only when
-/// the first request fails.
-async fn probe_backend(name: String, host: String, port: u16) {
-    const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
-    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
-    let cause = match tokio::time::timeout(WITHIN, connect).await {
-        Ok(Ok(_)) => {
-            tracing::debug!(backend = %name, address = %format!("{host}:{port}"), "backend reachable");
-            return;
-        }
-        Ok(Err(e)) => {
-            let (causes, _) = crate::forward::http_backend::error_causes(Some(&e));
-            causes.join(": ")
-        }
-        Err(_) => format!("timed out after {WITHIN:?}"),
+/// A configuration built into the parts that serve it ([`build`]). Nothing runs yet:
+/// [`Running::start`] opens the queues and starts the derived-series writer.
+pub struct Running {
+    /// What it was built from, restart-only keys at their running value.
+    pub cfg: Config,
+    /// What the server serves: pipeline, forwarder, server settings.
+    pub state: Arc<AppState>,
+    backends: Vec<BuiltBackend>,
+    derive: Option<DeriveSettings>,
+    rules_key: String,
+    /// What the build took over from the previous parts.
+    pub kept: Kept,
+}
+
+/// What a build took over from the parts it replaces.
+#[derive(Clone, Debug, Default)]
+pub struct Kept {
+    /// The deriver (and its state) of the previous parts.
+    pub derived_state: bool,
+    /// Backends shared with the previous parts (client, connections, queue).
+    pub backends: usize,
+    /// Keys that need a restart and changed: they kept their running value.
+    pub restart_only: Vec<String>,
+}
+
+impl Running {
+    /// Opens the backends' queues (a queue already open, of a backend kept across a
+    /// reload, stays as it is) and starts the derived-series writer, on the current
+    /// runtime.
+    pub fn start(&self) -> Result<Option<tokio::task::JoinHandle<()>>, BuildError> {
+        self.state.start_queues()?;
+        Ok(self.state.spawn_background())
+    }
+}
+
+/// The one assembly: `cfg` validated, then built into running parts. With `previous`
+/// (a reload) it keeps what the running parts hold that the new configuration does not
+/// change: the restart-only settings' values, each backend whose resolved options, queue
+/// and CA file are unchanged (client, connections, queue), the rename trackers' counts,
+/// the deriver when its settings and the rules' inputs are unchanged, the counter
+/// families the metadata `_total` fix learnt, the readiness flag, the listener's
+/// connection limits and TLS source, and the overload budget (with its reservations)
+/// when its limits are unchanged.
+pub fn build(cfg: &Config, previous: Option<&Running>) -> Result<Running, BuildError> {
+    let rules = cfg.validate()?;
+    let mut cfg = cfg.clone();
+    // Restart-only settings keep their running value before anything is built from
+    // them (e.g. server.throttle_status, which the queues answer with).
+    let restart_only = match previous {
+        Some(p) => keep_restart_settings(&p.cfg, &mut cfg),
+        None => Vec::new(),
     };
-    tracing::warn!(
-        backend = %name,
-        address = %format!("{host}:{port}"),
-        %cause,
-        "backend cannot be connected at start; its requests fail (or wait in its queue) until it is up"
-    );
+    let backends = build_backends(&cfg, previous.map_or(&[][..], |p| &p.backends))?;
+    let derive = cfg.derive_settings()?;
+    let rules_key = rules_key(&cfg)?;
+    if let Some(p) = previous {
+        rules.inherit_renames(p.state.pipeline.rules());
+    }
+    let mut pipeline = cfg.pipeline_with(rules)?;
+    let mut kept = Kept {
+        restart_only,
+        ..Kept::default()
+    };
+    if let Some(p) = previous {
+        let old = &p.state;
+        kept.backends = backends
+            .iter()
+            .filter(|b| {
+                p.backends
+                    .iter()
+                    .any(|o| Arc::ptr_eq(&o.backend, &b.backend))
+            })
+            .count();
+        if derive == p.derive
+            && rules_key == p.rules_key
+            && pipeline.deriver().is_some()
+            && let Some(d) = old.pipeline.deriver()
+        {
+            pipeline = pipeline.with_deriver(d.clone());
+            kept.derived_state = true;
+        }
+        pipeline = pipeline.with_counter_families_of(&old.pipeline);
+    }
+    // The same backends serve every configuration that keeps them.
+    let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect());
+    let mut state = AppState::new(pipeline, forwarder, server_options(&cfg)?);
+    if let Some(p) = previous {
+        let old = &p.state;
+        state.ready = old.ready.clone();
+        state.connection_limits = old.connection_limits.clone();
+        // The listener keeps the TLS source it started with (server.* needs a restart);
+        // the overload budget carries its reservations over unless its limits changed.
+        state.tls = old.tls.clone();
+        // Compared as resolved: an `auto` budget follows the other sizes.
+        if state.budget.max_bytes() == old.budget.max_bytes()
+            && cfg.limits.max_concurrent_requests == p.cfg.limits.max_concurrent_requests
+        {
+            state.budget = old.budget.clone();
+        }
+    }
+    Ok(Running {
+        cfg,
+        state: Arc::new(state),
+        backends,
+        derive,
+        rules_key,
+        kept,
+    })
 }
 
-/// `promnorm serve`: builds everything, listens, runs until SIGTERM/SIGINT, drains.
-/// `SIGHUP` (and `POST /-/reload` when `lifecycle` is on) reloads the configuration from
-/// `source` ([`crate::reload`]).
-pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Result<()> {
-    // SIGHUP's default action ends the process: take it over before anything else.
-    #[cfg(unix)]
-    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;
-    crate::server::budget::return_large_buffers_to_the_kernel();
-    let cfg = source.load()?;
-    let addr = crate::config::parse_listen(&cfg.listen)
-        .map_err(|e| anyhow::anyhow!("listen {:?}: {e}", cfg.listen))?;
-    let fit = crate::server::listener::connections_allowed_by_fd_limit()
-        .filter(|fit| *fit < cfg.server.max_connections);
-    let reloader = crate::reload::Reloader::start(cfg.clone(), source, lifecycle, |state| {
-        if let Some(fit) = fit {
-            tracing::warn!(
-                configured = cfg.server.max_connections,
-                allowed = fit,
-                "server.max_connections lowered to stay below the open-file limit"
-            );
-            state.connection_limits.max_connections = fit;
-        }
-    })?;
-    // The memory limit and the sizes derived from it, once.
+/// Backends for `cfg`, reusing those of `old` whose options did not change.
+fn build_backends(cfg: &Config, old: &[BuiltBackend]) -> Result<Vec<BuiltBackend>, BuildError> {
+    let mut out = Vec::with_capacity(cfg.backends.len());
     let sizing = cfg.sizing();
-    tracing::info!(
-        limit = sizing.limit.map(|l| l.bytes),
-        source = sizing.limit.map(|l| l.source.to_string()),
-        allowed = sizing.allowed,
-        max_inflight_bytes = sizing.max_inflight_bytes,
-        max_body_bytes = sizing.max_body_bytes,
-        max_decoded_bytes = sizing.max_decoded_bytes,
-        derived_max_series = sizing.derived_max_series,
-        queue_max_bytes = ?sizing.queue_max_bytes,
-        bound = sizing.bound,
-        "{}",
-        sizing.summary()
-    );
-    for w in cfg.warnings_with(&sizing) {
-        tracing::warn!("{w}");
-    }
-    let listener = crate::server::listener::bind(addr, cfg.server.listen_backlog)
-        .map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
-    crate::telemetry::config_loaded(true);
-    let live = reloader.live();
-    let state = live.current();
-    tracing::info!(
-        listen = %addr,
-        backends = ?cfg
-            .backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| format!("{}={}", b.name_or_default(i), crate::config::redact_url(&b.url)))
-            .collect::<Vec<_>>(),
-        packs = ?state.pipeline.rules().packs().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-        lifecycle,
-        "promnorm serving"
-    );
     for (i, b) in cfg.backends.iter().enumerate() {
-        if let Some((host, port)) = backend_address(&b.url) {
-            tokio::spawn(probe_backend(b.name_or_default(i), host, port));
+        let options = backend_options(b, i, cfg.tenancy.as_ref(), cfg.server.throttle_status)?;
+        let ca = match &options.tls.ca_file {
+            None => None,
+            Some(f) => Some(std::fs::read(f).map_err(|e| ConfigError::Io {
+                file: f.display().to_string(),
+                source: e,
+            })?),
+        };
+        let max_bytes = sizing.queue_max_bytes.get(i).copied().unwrap_or(0);
+        let queue = queue_options(&b.queue, max_bytes, cfg.server.throttle_status);
+        let same = |o: &&BuiltBackend| o.options == options && o.ca == ca && o.queue == queue;
+        let backend = match old.iter().find(same) {
+            Some(o) => o.backend.clone(),
+            None => Arc::new(Backend::new(
+                HttpBackend::new(options.clone())?,
+                queue.clone(),
+            )),
+        };
+        out.push(BuiltBackend {
+            options,
+            queue,
+            ca,
+            backend,
+        });
+    }
+    Ok(out)
+}
+
+fn yaml_text<T: serde::Serialize>(v: &T) -> Result<String, ConfigError> {
+    yaml::to_string(v).map_err(|source| ConfigError::Yaml {
+        file: "<configuration>".into(),
+        source,
+    })
+}
+
+/// Everything the compiled rules depend on: when it is unchanged, so is every derived
+/// series' input (the packs' settings, the packs' files' text).
+fn rules_key(cfg: &Config) -> Result<String, ConfigError> {
+    let mut key = yaml_text(&(
+        &cfg.packs,
+        cfg.keep_original,
+        cfg.drop_created_series,
+        cfg.metadata_total_fix,
+    ))?;
+    for f in &cfg.packs.files {
+        key.push_str(&std::fs::read_to_string(f).map_err(|e| ConfigError::Io {
+            file: f.display().to_string(),
+            source: e,
+        })?);
+    }
+    Ok(key)
+}
+
+/// Top-level keys of a serialised mapping with the text of each one's value.
+fn keyed_blocks(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        match out.last_mut() {
+            Some((_, block)) if line.starts_with([' ', '-']) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            _ => {
+                let key = line.split(':').next().unwrap_or(line).to_string();
+                out.push((key, format!("{line}\n")));
+            }
         }
     }
-    #[cfg(unix)]
-    let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
-    let app = crate::server::router_live(live.clone(), &cfg.write_paths)
-        .merge(crate::web::router(live, &web_options(&cfg)?));
-    crate::server::run(
-        listener,
-        state,
-        app,
-        crate::server::shutdown_signal(),
-        cfg.shutdown_timeout,
-    )
-    .await?;
-    #[cfg(unix)]
-    hangup_task.abort();
-    reloader.stop(cfg.shutdown_timeout).await;
-    tracing::info!("stopped");
-    Ok(())
+    out
+}
+
+/// The keys of `new` that need a restart and differ from `running`: each is set back to
+/// its running value; returns their names.
+pub fn keep_restart_settings(running: &Config, new: &mut Config) -> Vec<String> {
+    let mut changed = Vec::new();
+    if new.listen != running.listen {
+        changed.push("listen".to_string());
+        new.listen = running.listen.clone();
+    }
+    if new.write_paths != running.write_paths {
+        changed.push("write_paths".to_string());
+        new.write_paths = running.write_paths.clone();
+    }
+    if new.log_format != running.log_format {
+        changed.push("log_format".to_string());
+        new.log_format = running.log_format;
+    }
+    if new.shutdown_timeout != running.shutdown_timeout {
+        changed.push("shutdown_timeout".to_string());
+        new.shutdown_timeout = running.shutdown_timeout;
+    }
+    // The web UI's routes are built once, with the listener.
+    if let (Ok(a), Ok(b)) = (yaml_text(&running.web), yaml_text(&new.web))
+        && a != b
+    {
+        changed.push("web".to_string());
+        new.web = running.web.clone();
+    }
+    // Every `server.*` key belongs to the listener, bound once, except
+    // `body_read_timeout`, read per request.
+    let body_read_timeout = new.server.body_read_timeout;
+    new.server.body_read_timeout = running.server.body_read_timeout;
+    let (old_text, new_text) = (yaml_text(&running.server), yaml_text(&new.server));
+    if let (Ok(old_text), Ok(new_text)) = (old_text, new_text)
+        && old_text != new_text
+    {
+        let old_blocks = keyed_blocks(&old_text);
+        for (key, block) in keyed_blocks(&new_text) {
+            if !old_blocks.iter().any(|(k, b)| *k == key && *b == block) {
+                changed.push(format!("server.{key}"));
+            }
+        }
+        new.server = running.server.clone();
+    }
+    new.server.body_read_timeout = body_read_timeout;
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn cfg(text: &str) -> Config {
+        Config::parse(text, "t.yaml").unwrap()
+    }
+
+    #[test]
+    fn restart_settings_keep_their_running_value() {
+        let running = cfg("listen: 127.0.0.1:1\nserver:\n  idle_timeout: 5s\n");
+        let mut new = cfg(
+            "listen: 127.0.0.1:2\nserver:\n  idle_timeout: 6s\n  body_read_timeout: 7s\nkeep_original: true\n",
+        );
+        let changed = keep_restart_settings(&running, &mut new);
+        assert_eq!(changed, ["listen", "server.idle_timeout"]);
+        assert_eq!(new.listen, "127.0.0.1:1");
+        assert_eq!(new.server.idle_timeout, Duration::from_secs(5));
+        // Per request: reloadable.
+        assert_eq!(new.server.body_read_timeout, Duration::from_secs(7));
+        assert!(new.keep_original);
+        let mut same = running.clone();
+        assert!(keep_restart_settings(&running, &mut same).is_empty());
+    }
+
+    #[test]
+    fn unchanged_backends_are_reused_and_changed_ones_rebuilt() {
+        let a = cfg(
+            "backends:\n  - url: http://127.0.0.1:1/api/v1/write\n  - url: http://127.0.0.1:2/api/v1/write\n",
+        );
+        let first = build_backends(&a, &[]).unwrap();
+        let b = cfg(
+            "backends:\n  - url: http://127.0.0.1:1/api/v1/write\n  - url: http://127.0.0.1:2/api/v1/write\n    headers: {X-Tenant: t}\n",
+        );
+        let second = build_backends(&b, &first).unwrap();
+        assert!(Arc::ptr_eq(&first[0].backend, &second[0].backend));
+        assert!(!Arc::ptr_eq(&first[1].backend, &second[1].backend));
+    }
+
+    /// Issue 24: a build with the previous parts keeps what they hold (backends, the
+    /// deriver, the readiness flag) and sets restart-only keys back; a build without
+    /// them shares nothing.
+    #[test]
+    fn a_build_on_previous_parts_keeps_what_did_not_change() {
+        let a = cfg(
+            "listen: 127.0.0.1:1\nderived:\n  enabled: true\nbackends:\n  - url: http://127.0.0.1:1/api/v1/write\n",
+        );
+        let first = build(&a, None).unwrap();
+        assert_eq!(first.kept.backends, 0);
+        let b = cfg(
+            "listen: 127.0.0.1:2\nderived:\n  enabled: true\nbackends:\n  - url: http://127.0.0.1:1/api/v1/write\n",
+        );
+        let second = build(&b, Some(&first)).unwrap();
+        assert_eq!(second.kept.backends, 1);
+        assert!(second.kept.derived_state);
+        assert_eq!(second.kept.restart_only, ["listen"]);
+        assert_eq!(second.cfg.listen, "127.0.0.1:1");
+        assert!(Arc::ptr_eq(&first.state.ready, &second.state.ready));
+        let fresh = build(&b, None).unwrap();
+        assert!(!fresh.kept.derived_state);
+        assert!(!Arc::ptr_eq(&first.state.ready, &fresh.state.ready));
+    }
+
+    #[test]
+    fn rules_key_follows_packs_and_their_files() {
+        let dir = std::env::temp_dir().join(format!("promnorm-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pack = dir.join("p.yaml");
+        std::fs::write(&pack, "pack: p\nrules: []\n").unwrap();
+        let text = format!("packs:\n  files: [{}]\n", pack.display());
+        let one = rules_key(&cfg(&text)).unwrap();
+        assert_eq!(one, rules_key(&cfg(&text)).unwrap());
+        std::fs::write(&pack, "pack: p\nrules: []\n# changed\n").unwrap();
+        assert_ne!(one, rules_key(&cfg(&text)).unwrap());
+        let other = format!("{text}keep_original: true\n");
+        assert_ne!(
+            rules_key(&cfg(&text)).unwrap(),
+            rules_key(&cfg(&other)).unwrap()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

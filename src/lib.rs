@@ -20,6 +20,7 @@ pub mod pem;
 pub mod pipeline;
 pub mod reload;
 pub mod rules_export;
+pub mod serve;
 pub mod server;
 pub mod sys;
 pub mod telemetry;

@@ -345,10 +345,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig { file, print } => {
             let cfg = Config::load(&file)?;
-            let rules = cfg.validate()?;
-            // What serve builds next: backends (credentials, TLS files) and the ingest
-            // token, so a configuration check-config accepts, serve accepts.
-            promnorm::app::app_state(&cfg)?;
+            // What serve builds, backends (credentials, TLS files) and the ingest token
+            // included: a configuration check-config accepts, serve accepts.
+            let running = promnorm::app::build(&cfg, None)?;
+            let rules = running.state.pipeline.rules();
             let sizing = cfg.sizing();
             for w in cfg.warnings_with(&sizing) {
                 eprintln!("promnorm: warning: {w}");
@@ -471,7 +471,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(promnorm::app::serve(source, web_enable_lifecycle))?;
+            rt.block_on(promnorm::serve::serve(source, web_enable_lifecycle))?;
         }
     }
     Ok(ExitCode::SUCCESS)

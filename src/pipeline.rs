@@ -239,6 +239,14 @@ impl Pipeline {
         }
     }
 
+    /// A workspace from the pool that goes back to it when dropped, on every exit.
+    pub fn workspace(&self) -> PooledWorkspace<'_> {
+        PooledWorkspace {
+            pipeline: self,
+            ws: Some(self.take_workspace()),
+        }
+    }
+
     /// Decompresses a snappy 1.0 body into the workspace, then runs
     /// [`Pipeline::process_raw`].
     pub fn process(&self, ws: &mut Workspace, body: &[u8]) -> Result<Processed, DecodeError> {
@@ -393,5 +401,59 @@ impl Pipeline {
 
     pub fn stats<'a>(&self, ws: &'a Workspace) -> &'a MapStats {
         &ws.mapper.stats
+    }
+}
+
+/// A pooled [`Workspace`] ([`Pipeline::workspace`]): returned to the pool when dropped,
+/// so no exit of a request can forget it.
+pub struct PooledWorkspace<'a> {
+    pipeline: &'a Pipeline,
+    /// `Some` until dropped.
+    ws: Option<Box<Workspace>>,
+}
+
+impl std::ops::Deref for PooledWorkspace<'_> {
+    type Target = Workspace;
+    fn deref(&self) -> &Workspace {
+        self.ws.as_deref().expect("present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for PooledWorkspace<'_> {
+    fn deref_mut(&mut self) -> &mut Workspace {
+        self.ws.as_deref_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for PooledWorkspace<'_> {
+    fn drop(&mut self) {
+        if let Some(ws) = self.ws.take() {
+            self.pipeline.return_workspace(ws);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pooled_workspace_goes_back_to_the_pool_on_every_exit() {
+        let p = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
+        let pooled = |p: &Pipeline| p.pool.lock().map(|v| v.len()).unwrap_or(0);
+        assert_eq!(pooled(&p), 0);
+        let early_exit = |fail: bool| -> Result<(), ()> {
+            let mut ws = p.workspace();
+            ws.skip_v1_body = true;
+            if fail {
+                return Err(());
+            }
+            Ok(())
+        };
+        assert!(early_exit(true).is_err());
+        assert_eq!(pooled(&p), 1);
+        // Taken again from the pool, and back again.
+        assert!(early_exit(false).is_ok());
+        assert_eq!(pooled(&p), 1);
     }
 }

@@ -439,8 +439,51 @@ pub fn samples_received(n: u64) {
     metrics::counter!(SAMPLES_RECEIVED).increment(n);
 }
 
-pub fn samples_forwarded(backend: &str, n: u64) {
-    metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()).increment(n);
+/// A backend's metric handles, made once when the backend is built: the request path
+/// and the queue's senders count through them, without building a label string or
+/// looking the series up for each request.
+pub struct BackendMetrics {
+    /// The `backend` label, shared: cloning it copies no text.
+    label: metrics::SharedString,
+    samples_forwarded: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl BackendMetrics {
+    pub fn new(backend: &str) -> BackendMetrics {
+        // The recorder first: a handle taken before it is installed counts nowhere.
+        metrics_handle();
+        BackendMetrics {
+            label: metrics::SharedString::from_shared(std::sync::Arc::from(backend)),
+            samples_forwarded: metrics::counter!(SAMPLES_FORWARDED, "backend" => backend.to_string()),
+            duration: metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()),
+        }
+    }
+
+    /// Samples the backend acknowledged.
+    pub fn samples_forwarded(&self, n: u64) {
+        self.samples_forwarded.increment(n);
+    }
+
+    /// One request to the backend: its duration, and its answer's code.
+    pub fn request(&self, code: String, seconds: f64) {
+        self.duration.record(seconds);
+        metrics::counter!(BACKEND_REQUESTS, "backend" => self.label.clone(), "code" => code)
+            .increment(1);
+    }
+
+    /// What the backend did with one tenant's share of a request (`outcome`:
+    /// `delivered`, `queued`, `rejected` (a data error), `failed` (the sender is asked
+    /// to retry)).
+    pub fn tenant_samples(&self, tenant: &str, outcome: &'static str, n: u64) {
+        metrics::counter!(
+            TENANT_SAMPLES,
+            "backend" => self.label.clone(),
+            "tenant" => tenant_label(tenant),
+            "outcome" => outcome
+        )
+        .increment(n);
+    }
 }
 
 /// NHCB histograms sent to `backend` unrolled into classic series.
@@ -479,18 +522,6 @@ pub fn tenant_label(tenant: &str) -> String {
         return tenant.to_string();
     }
     "other".into()
-}
-
-/// What one backend did with one tenant's share of a request (`outcome`: `delivered`,
-/// `queued`, `rejected` (a data error), `failed` (the sender is asked to retry)).
-pub fn tenant_samples(backend: &str, tenant: &str, outcome: &'static str, n: u64) {
-    metrics::counter!(
-        TENANT_SAMPLES,
-        "backend" => backend.to_string(),
-        "tenant" => tenant_label(tenant),
-        "outcome" => outcome
-    )
-    .increment(n);
 }
 
 /// Samples a backend's queue dropped (`backend_rejected`, `max_age`, `queue_full`,
@@ -557,12 +588,6 @@ pub fn queue_send_lag(backend: &str, lag: std::time::Duration) {
 
 pub fn derived_samples(series: &'static str, n: u64) {
     metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(n);
-}
-
-pub fn backend_request(backend: &str, code: String, seconds: f64) {
-    metrics::histogram!(BACKEND_DURATION, "backend" => backend.to_string()).record(seconds);
-    metrics::counter!(BACKEND_REQUESTS, "backend" => backend.to_string(), "code" => code)
-        .increment(1);
 }
 
 pub fn backend_misconfigured(backend: &str, refused: bool) {

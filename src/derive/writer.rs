@@ -11,7 +11,7 @@ use http::HeaderMap;
 use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
-use crate::forward::{Delivery, Forwarder, Mapped, Outcome, RetryPolicy, Sink};
+use crate::forward::{Backend, Delivery, Forwarder, Mapped, Outcome, RetryPolicy};
 use crate::telemetry;
 use crate::wire::bodies::BodyEncoder;
 use crate::wire::split::TenantSplit;
@@ -130,7 +130,7 @@ impl Writer {
                 .deliver_routed(&self.deliveries, &HeaderMap::new(), policy)
                 .await;
             for (d, outcome) in self.deliveries.iter().zip(outcomes) {
-                let sink = self.forwarder.sink(d.sink);
+                let sink = self.forwarder.backend(d.backend);
                 account(sink, outcome, d.payload.samples as usize);
             }
         }
@@ -140,9 +140,9 @@ impl Writer {
 }
 
 /// Counts what one backend did with one chunk of derived samples.
-fn account(sink: &dyn Sink, outcome: Outcome, samples: usize) {
+fn account(sink: &Backend, outcome: Outcome, samples: usize) {
     if matches!(outcome, Outcome::Delivered) {
-        telemetry::samples_forwarded(sink.name(), samples as u64);
+        sink.metrics().samples_forwarded(samples as u64);
     } else if matches!(outcome, Outcome::Queued) {
         // The queue counts them when the backend acknowledges them.
     } else if outcome.is_retryable() {

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     BackendError, BackendOptions, BackendProtocol, BackendSettings, Encoded, Outcome, OutcomeClass,
-    Payload, Protocol, SendFuture, Sink, TenancyOptions,
+    Payload, Protocol, SendFuture, TenancyOptions, Transport,
 };
 
 pub const USER_AGENT_VALUE: &str = concat!("promnorm/", env!("CARGO_PKG_VERSION"));
@@ -46,6 +46,8 @@ pub struct HttpBackend {
     saturated_status: http::StatusCode,
     /// The refusals the misconfigured state holds on.
     config_state: ConfigState,
+    /// Made once: the request path counts without building label strings.
+    metrics: std::sync::Arc<crate::telemetry::BackendMetrics>,
 }
 
 /// How long a request waits for one of the backend's `max_concurrent_requests` slots
@@ -189,6 +191,7 @@ impl HttpBackend {
             .wrap_connector(http);
         let max_concurrent = opts.max_concurrent_requests.max(1);
         crate::telemetry::register_backend(&name, opts.tenancy.is_some());
+        let metrics = std::sync::Arc::new(crate::telemetry::BackendMetrics::new(&name));
         // As many idle connections as requests may be in flight: a burst's connections
         // are reused, not closed into TIME_WAIT and opened again.
         let client = Client::builder(TokioExecutor::new())
@@ -212,6 +215,7 @@ impl HttpBackend {
             max_concurrent,
             saturated_status: opts.saturated_status,
             config_state: ConfigState::default(),
+            metrics,
         })
     }
 
@@ -292,7 +296,7 @@ impl HttpBackend {
     }
 
     /// True when this backend is sent 2.0 now.
-    fn speaks_v2(&self) -> bool {
+    pub(super) fn speaks_v2(&self) -> bool {
         match self.protocol {
             BackendProtocol::V1 => false,
             BackendProtocol::V2 => true,
@@ -303,7 +307,7 @@ impl HttpBackend {
     /// Sends the payload in this backend's protocol; with `auto`, a `415` or a `2xx`
     /// without the written headers turns the backend to 1.0 for good and the request is
     /// sent again as 1.0 (SPEC §1.4).
-    async fn send_payload(&self, payload: Payload, incoming: &HeaderMap) -> Outcome {
+    pub(super) async fn send_payload(&self, payload: Payload, incoming: &HeaderMap) -> Outcome {
         let tenant = payload.tenant;
         let v1 = Encoded {
             tenant: tenant.clone(),
@@ -416,39 +420,47 @@ impl HttpBackend {
                 (status.as_u16().to_string(), outcome)
             }
         };
-        crate::telemetry::backend_request(name, code, seconds);
+        self.metrics.request(code, seconds);
         self.note_configuration_state(&outcome);
         (outcome, written_headers)
     }
 }
 
-impl Sink for HttpBackend {
-    fn name(&self) -> &str {
+impl HttpBackend {
+    pub fn name(&self) -> &str {
         &self.settings.name
     }
 
-    fn pass_headers(&self) -> &[HeaderName] {
+    pub fn pass_headers(&self) -> &[HeaderName] {
         &self.settings.pass_headers
+    }
+
+    pub fn tenancy(&self) -> Option<&TenancyOptions> {
+        self.tenancy.as_ref()
+    }
+
+    pub fn needs_v1(&self) -> bool {
+        self.protocol != BackendProtocol::V2
+    }
+
+    pub fn native_histograms(&self) -> super::NativeHistogramsPolicy {
+        self.native_histograms
+    }
+
+    /// The backend's metric handles.
+    pub fn metrics(&self) -> &std::sync::Arc<crate::telemetry::BackendMetrics> {
+        &self.metrics
+    }
+}
+
+/// A backend's queue delivers through its client.
+impl Transport for HttpBackend {
+    fn name(&self) -> &str {
+        HttpBackend::name(self)
     }
 
     fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
         Box::pin(self.send_payload(payload, incoming))
-    }
-
-    fn wants_v2(&self) -> bool {
-        self.speaks_v2()
-    }
-
-    fn tenancy(&self) -> Option<&TenancyOptions> {
-        self.tenancy.as_ref()
-    }
-
-    fn needs_v1(&self) -> bool {
-        self.protocol != BackendProtocol::V2
-    }
-
-    fn native_histograms(&self) -> super::NativeHistogramsPolicy {
-        self.native_histograms
     }
 }
 

@@ -1,8 +1,9 @@
 //! Forwarding: sends an encoded request to every backend concurrently and maps their
 //! answers onto the one answer the sender gets (docs/wire.md).
 //!
-//! [`Sink`] is the seam where a durable per-backend queue can be slotted in later: the
-//! request path only sees "deliver this body, tell me the outcome".
+//! A [`Backend`] is one configured backend: its HTTP client and, when it has one, the
+//! queue in front of it, as a field (vmagent's client holds its queue the same way). The
+//! request path only sees "deliver this payload, tell me the outcome".
 
 pub mod http_backend;
 pub mod queue;
@@ -11,6 +12,7 @@ pub mod tls;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -163,77 +165,151 @@ impl Payload {
     }
 }
 
-/// Something that accepts encoded remote-write bodies.
-pub trait Sink: Send + Sync {
+/// What a queue delivers through: a backend's HTTP client, or, for a queue a reload
+/// retired, the new backend of its name. No default bodies: an implementation says
+/// everything, so nothing is silently left at a default (a forgotten delegation once
+/// turned tenancy off).
+pub trait Transport: Send + Sync {
     fn name(&self) -> &str;
     /// `incoming` are the sender's headers, for configured pass-through.
     fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a>;
+}
 
-    /// True when the next request should carry a 2.0 body for this sink.
-    fn wants_v2(&self) -> bool {
-        false
+/// One backend (`backends[]`): its HTTP client and its queue, when it has one. A queued
+/// backend's `send` means "stored"; the queue's senders deliver through the client.
+pub struct Backend {
+    http: Arc<HttpBackend>,
+    queue: Option<queue::Queue>,
+}
+
+impl Backend {
+    /// The backend around `http`, with a queue when `queue` is set. Nothing is opened
+    /// until [`Backend::start`].
+    pub fn new(http: HttpBackend, queue: Option<queue::QueueOptions>) -> Backend {
+        let http = Arc::new(http);
+        let queue = queue.map(|opts| {
+            queue::Queue::new(
+                http.clone(),
+                http.pass_headers().to_vec(),
+                http.tenancy().map(|t| t.header.clone()),
+                http.metrics().clone(),
+                opts,
+            )
+        });
+        Backend { http, queue }
     }
 
-    /// False when the sink never sends the 1.0 body (`protocol: v2`): a request whose
-    /// sinks all say so is not encoded as 1.0 at all.
-    fn needs_v1(&self) -> bool {
-        true
+    pub fn name(&self) -> &str {
+        self.http.name()
+    }
+
+    /// True when the next request should carry a 2.0 body for this backend (queued or
+    /// not: a queued request carries the 2.0 body when the backend takes 2.0 when it is
+    /// queued, and the 1.0 body always, for `auto`'s fallback).
+    pub fn wants_v2(&self) -> bool {
+        self.http.speaks_v2()
+    }
+
+    /// False when the backend never sends the 1.0 body (`protocol: v2`): a request whose
+    /// backends all say so is not encoded as 1.0 at all.
+    pub fn needs_v1(&self) -> bool {
+        self.http.needs_v1()
     }
 
     /// The sender's headers this backend copies through (a queue stores them).
-    fn pass_headers(&self) -> &[http::HeaderName] {
-        &[]
+    pub fn pass_headers(&self) -> &[http::HeaderName] {
+        self.http.pass_headers()
     }
 
     /// The backend's tenant routing, when it has one.
-    fn tenancy(&self) -> Option<&TenancyOptions> {
-        None
+    pub fn tenancy(&self) -> Option<&TenancyOptions> {
+        self.http.tenancy()
     }
 
-    /// What the backend gets of NHCB histograms (a wrapper must delegate this).
-    fn native_histograms(&self) -> NativeHistogramsPolicy {
-        NativeHistogramsPolicy::Auto
+    /// What the backend gets of NHCB histograms.
+    pub fn native_histograms(&self) -> NativeHistogramsPolicy {
+        self.http.native_histograms()
     }
 
-    /// Opens what the sink keeps across requests (a queue's files, its senders); called
-    /// once on the runtime before the server accepts requests.
-    fn start(&self) -> Result<(), String> {
-        Ok(())
+    /// The backend's metric handles, made when it was built.
+    pub fn metrics(&self) -> &crate::telemetry::BackendMetrics {
+        self.http.metrics()
     }
 
-    /// Delivers what is pending within `within`, then stops.
-    fn stop<'a>(&'a self, _within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        Box::pin(std::future::ready(()))
+    /// The backend's queue, when it has one.
+    pub fn queue(&self) -> Option<&queue::Queue> {
+        self.queue.as_ref()
     }
 
-    /// The queue's state, for a queued backend.
-    fn queue_state(&self) -> Option<queue::QueueState> {
-        None
+    /// The queue's state, for a queued backend (`None` also while it is not open).
+    pub fn queue_state(&self) -> Option<queue::QueueState> {
+        self.queue.as_ref()?.state()
     }
 
-    /// The sink as a queue, for a reload that hands an old queue's records to its
-    /// successor (`reload`); `None` for anything but a [`queue::QueuedSink`].
-    fn as_queue(&self) -> Option<&queue::QueuedSink> {
-        None
+    /// Opens what the backend keeps across requests (a queue's files, its senders);
+    /// called once on the runtime before the server accepts requests.
+    pub fn start(&self) -> Result<(), queue::QueueError> {
+        match &self.queue {
+            Some(q) => q.start(),
+            None => Ok(()),
+        }
+    }
+
+    /// Delivers what is queued within `within`, then stops.
+    pub async fn stop(&self, within: Duration) {
+        if let Some(q) = &self.queue {
+            q.stop(within).await;
+        }
+    }
+
+    /// Sends `payload` (a queued backend stores it).
+    pub fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
+        match &self.queue {
+            Some(q) => Box::pin(std::future::ready(q.send(payload, incoming))),
+            None => Box::pin(self.http.send_payload(payload, incoming)),
+        }
     }
 
     /// Takes room for `payload` before anything is sent (a queue's budget); the amount
-    /// goes to [`Sink::send_reserved`] or back through [`Sink::unreserve`].
-    fn reserve(&self, _payload: &Payload, _incoming: &HeaderMap) -> Result<u64, Outcome> {
-        Ok(0)
+    /// goes to [`Backend::send_reserved`] or back through [`Backend::unreserve`].
+    pub fn reserve(&self, payload: &Payload, incoming: &HeaderMap) -> Result<u64, Outcome> {
+        match &self.queue {
+            Some(q) => q.reserve(payload, incoming),
+            None => Ok(0),
+        }
     }
 
     /// Gives back a reservation that will not be used.
-    fn unreserve(&self, _reserved: u64) {}
+    pub fn unreserve(&self, reserved: u64) {
+        if let Some(q) = &self.queue {
+            q.unreserve(reserved);
+        }
+    }
 
-    /// [`Sink::send`] after a successful [`Sink::reserve`].
-    fn send_reserved<'a>(
+    /// [`Backend::send`] after a successful [`Backend::reserve`].
+    pub fn send_reserved<'a>(
         &'a self,
         payload: Payload,
         incoming: &'a HeaderMap,
-        _reserved: u64,
+        reserved: u64,
     ) -> SendFuture<'a> {
-        self.send(payload, incoming)
+        match &self.queue {
+            Some(q) => Box::pin(std::future::ready(
+                q.send_reserved(payload, incoming, reserved),
+            )),
+            None => Box::pin(self.http.send_payload(payload, incoming)),
+        }
+    }
+}
+
+/// A retired queue delivers through the new backend of its name, queue included.
+impl Transport for Backend {
+    fn name(&self) -> &str {
+        Backend::name(self)
+    }
+
+    fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
+        Backend::send(self, payload, incoming)
     }
 }
 
@@ -255,12 +331,12 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Sends `body` to `sink` until it is delivered, refused for good (a data error), or
+/// Sends `body` to `backend` until it is delivered, refused for good (a data error), or
 /// `policy.max_attempts` are spent; returns the last outcome. Retryable failures wait
 /// with exponential backoff, or the backend's `Retry-After` when it says one (capped
 /// at `max_backoff`).
 pub async fn deliver_with_retries(
-    sink: &dyn Sink,
+    backend: &Backend,
     body: &Payload,
     incoming: &HeaderMap,
     policy: RetryPolicy,
@@ -268,7 +344,7 @@ pub async fn deliver_with_retries(
     let mut backoff = Backoff::new(policy.first_backoff, policy.max_backoff);
     let mut attempt = 1;
     loop {
-        let outcome = sink.send(body.clone(), incoming).await;
+        let outcome = backend.send(body.clone(), incoming).await;
         if !outcome.is_retryable() || attempt >= policy.max_attempts {
             return outcome;
         }
@@ -347,39 +423,39 @@ fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// Fans a body out to every sink and combines the outcomes.
+/// Fans a body out to every backend and combines the outcomes.
 pub struct Forwarder {
-    /// Shared: a reload's new forwarder keeps the sinks whose settings did not change.
-    sinks: Vec<std::sync::Arc<dyn Sink>>,
+    /// Shared: a reload's new forwarder keeps the backends whose settings did not change.
+    backends: Vec<Arc<Backend>>,
     routing: Routing,
 }
 
 impl Forwarder {
-    pub fn new(sinks: Vec<std::sync::Arc<dyn Sink>>) -> Self {
-        let routing = Routing::new(&sinks);
-        Forwarder { sinks, routing }
+    pub fn new(backends: Vec<Arc<Backend>>) -> Self {
+        let routing = Routing::new(&backends);
+        Forwarder { backends, routing }
     }
 
-    pub fn sinks(&self) -> impl Iterator<Item = &dyn Sink> {
-        self.sinks.iter().map(|s| s.as_ref())
+    pub fn backends(&self) -> impl Iterator<Item = &Arc<Backend>> {
+        self.backends.iter()
     }
 
-    /// The sink at `index` (a [`Delivery::sink`]).
-    pub fn sink(&self, index: usize) -> &dyn Sink {
-        self.sinks[index].as_ref()
+    /// The backend at `index` (a [`Delivery::backend`]).
+    pub fn backend(&self, index: usize) -> &Backend {
+        &self.backends[index]
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sinks.is_empty()
+        self.backends.is_empty()
     }
 
-    /// True when the request path should compress the whole request as 1.0: some sink
+    /// True when the request path should compress the whole request as 1.0: some backend
     /// takes whole requests (no tenant routing) in 1.0.
     pub fn wants_whole_v1(&self) -> bool {
-        self.routing.plain_needs_v1(&self.sinks)
+        self.routing.plain_needs_v1(&self.backends)
     }
 
-    /// The bodies of one mapped request, one [`Delivery`] per sink and tenant.
+    /// The bodies of one mapped request, one [`Delivery`] per backend and tenant.
     pub fn route(
         &self,
         mapped: &Mapped<'_>,
@@ -387,7 +463,8 @@ impl Forwarder {
         bodies: &mut crate::wire::bodies::BodyEncoder,
         out: &mut Vec<Delivery>,
     ) -> Result<(), RouteError> {
-        self.routing.route(&self.sinks, mapped, split, bodies, out)
+        self.routing
+            .route(&self.backends, mapped, split, bodies, out)
     }
 
     /// Delivers each of `deliveries` concurrently, each with its own retries
@@ -402,7 +479,7 @@ impl Forwarder {
             match &d.refused {
                 Some(o) => Box::pin(std::future::ready(o.clone())),
                 None => Box::pin(deliver_with_retries(
-                    self.sinks[d.sink].as_ref(),
+                    &self.backends[d.backend],
                     &d.payload,
                     incoming,
                     policy,
@@ -412,7 +489,7 @@ impl Forwarder {
         join_all(futs).await
     }
 
-    /// Sends every delivery at once; returns each outcome in order. Queued sinks first
+    /// Sends every delivery at once; returns each outcome in order. Queued backends first
     /// reserve room for theirs, all of them or none: when one queue refuses, nothing is
     /// sent and every outcome is that refusal, so the sender's retry never duplicates
     /// data in the queues that had room.
@@ -423,11 +500,11 @@ impl Forwarder {
                 reserved.push(0);
                 continue;
             }
-            match self.sinks[d.sink].reserve(&d.payload, incoming) {
+            match self.backends[d.backend].reserve(&d.payload, incoming) {
                 Ok(r) => reserved.push(r),
                 Err(refusal) => {
                     for (d, r) in deliveries.iter().zip(reserved) {
-                        self.sinks[d.sink].unreserve(r);
+                        self.backends[d.backend].unreserve(r);
                     }
                     return deliveries.iter().map(|_| refusal.clone()).collect();
                 }
@@ -439,7 +516,7 @@ impl Forwarder {
             .map(|(d, r)| -> SendFuture<'_> {
                 match &d.refused {
                     Some(o) => Box::pin(std::future::ready(o.clone())),
-                    None => self.sinks[d.sink].send_reserved(d.payload.clone(), incoming, r),
+                    None => self.backends[d.backend].send_reserved(d.payload.clone(), incoming, r),
                 }
             });
         join_all(futs).await

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use super::{NativeHistogramsPolicy, Outcome, Payload, Sink};
+use super::{Backend, NativeHistogramsPolicy, Outcome, Payload};
 use crate::wire::DecodeError;
 use crate::wire::bodies::{BodyEncoder, V2Output};
 use crate::wire::encode_v2::MetadataMemory;
@@ -36,8 +36,8 @@ pub struct TenancyOptions {
 /// One body for one sink.
 #[derive(Debug)]
 pub struct Delivery {
-    /// Index of the sink in the [`super::Forwarder`].
-    pub sink: usize,
+    /// Index of the backend in the [`super::Forwarder`].
+    pub backend: usize,
     pub payload: Payload,
     /// The tenant, for metrics and messages (`None`: no tenancy, or series that keep the
     /// sender's tenant).
@@ -89,7 +89,7 @@ impl ClassicBody<'_> {
 }
 
 /// Which bodies (1.0, 2.0) a sink takes unrolled, for a request with NHCB.
-fn unrolls(sink: &dyn Sink) -> (bool, bool) {
+fn unrolls(sink: &Backend) -> (bool, bool) {
     match sink.native_histograms() {
         NativeHistogramsPolicy::AsIs => (false, false),
         NativeHistogramsPolicy::Auto => (true, false),
@@ -127,7 +127,7 @@ struct Tenanted {
 }
 
 impl Routing {
-    pub fn new(sinks: &[Arc<dyn Sink>]) -> Routing {
+    pub fn new(sinks: &[Arc<Backend>]) -> Routing {
         let mut r = Routing::default();
         for (i, s) in sinks.iter().enumerate() {
             match s.tenancy() {
@@ -147,7 +147,7 @@ impl Routing {
 
     /// True when some sink takes the request's whole body (no tenancy) and may send it
     /// as 1.0: the pipeline then compresses the 1.0 body once for all of them.
-    pub fn plain_needs_v1(&self, sinks: &[Arc<dyn Sink>]) -> bool {
+    pub fn plain_needs_v1(&self, sinks: &[Arc<Backend>]) -> bool {
         self.plain.iter().any(|&i| sinks[i].needs_v1())
     }
 
@@ -155,7 +155,7 @@ impl Routing {
     /// get the same body; sinks with tenancy get one body per tenant of the request.
     pub fn route(
         &self,
-        sinks: &[Arc<dyn Sink>],
+        sinks: &[Arc<Backend>],
         mapped: &Mapped<'_>,
         split_scratch: &mut TenantSplit,
         bodies: &mut BodyEncoder,
@@ -178,7 +178,7 @@ impl Routing {
                     )?;
                     for &i in &self.plain {
                         out.push(Delivery {
-                            sink: i,
+                            backend: i,
                             payload: payload.clone(),
                             tenant: None,
                             refused: None,
@@ -233,7 +233,7 @@ impl Routing {
             let unrolled_members: Vec<(usize, bool)> = members
                 .iter()
                 .map(|&i| {
-                    let (v1, v2) = unrolls(&*sinks[i]);
+                    let (v1, v2) = unrolls(&sinks[i]);
                     (i, if sinks[i].wants_v2() { v2 } else { v1 })
                 })
                 .collect();
@@ -271,7 +271,7 @@ impl Routing {
     #[allow(clippy::too_many_arguments)]
     fn route_tenants(
         &self,
-        sinks: &[Arc<dyn Sink>],
+        sinks: &[Arc<Backend>],
         mapped: &Mapped<'_>,
         body: &[u8],
         (opts, split, orphans): (&TenancyOptions, &SplitOptions<'_>, &Orphans<'_>),
@@ -336,7 +336,7 @@ impl Routing {
             };
             for &i in members.iter().filter(|&&i| take(i)) {
                 out.push(Delivery {
-                    sink: i,
+                    backend: i,
                     payload: payload.clone(),
                     tenant: tenant.clone(),
                     refused: refused.clone(),
@@ -350,7 +350,7 @@ impl Routing {
     /// unrolled 1.0 / 2.0 body among them.
     fn route_plain_unrolling(
         &self,
-        sinks: &[Arc<dyn Sink>],
+        sinks: &[Arc<Backend>],
         mapped: &Mapped<'_>,
         classic: &ClassicBody<'_>,
         bodies: &mut BodyEncoder,
@@ -361,7 +361,7 @@ impl Routing {
                 .plain
                 .iter()
                 .copied()
-                .filter(|&i| unrolls(&*sinks[i]) == variant)
+                .filter(|&i| unrolls(&sinks[i]) == variant)
                 .collect();
             if members.is_empty() {
                 continue;
@@ -418,7 +418,7 @@ impl Routing {
                     );
                 }
                 out.push(Delivery {
-                    sink: i,
+                    backend: i,
                     payload: payload.clone(),
                     tenant: None,
                     refused: None,

@@ -14,9 +14,13 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 
+/// Why a reload kept the running configuration (the `reload` module's typed error; the
+/// server only shows it).
+pub type ReloadFailure = Box<dyn std::error::Error + Send + Sync>;
+
 /// Reloads the configuration; `Err` carries why the running one was kept.
 pub type ReloadHook =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), ReloadFailure>> + Send>> + Send + Sync>;
 
 pub struct Live {
     current: ArcSwap<AppState>,

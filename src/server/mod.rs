@@ -24,8 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::derive::writer::Writer;
-use crate::forward::{ClassicBody, Forwarder, Mapped, Outcome, RouteError, verdict};
-use crate::pipeline::{InputProtocol, Pipeline};
+use crate::forward::{ClassicBody, Delivery, Forwarder, Mapped, Outcome, RouteError, verdict};
+use crate::pipeline::{InputProtocol, Pipeline, Processed};
 use crate::telemetry;
 
 pub struct AppState {
@@ -71,7 +71,7 @@ pub struct ServerOptions {
 }
 
 impl AppState {
-    /// The state around a built pipeline and forwarder (see `app::app_state`).
+    /// The state around a built pipeline and forwarder (see `app::build`).
     pub fn new(pipeline: Pipeline, forwarder: Forwarder, opts: ServerOptions) -> AppState {
         telemetry::metrics_handle();
         telemetry::register_pipeline(
@@ -104,9 +104,9 @@ impl AppState {
 impl AppState {
     /// Opens the backends' queues (replaying disk queues) on the current runtime; a
     /// queue already open (a backend kept across a reload) stays as it is.
-    pub fn start_queues(&self) -> Result<(), String> {
-        for sink in self.forwarder.sinks() {
-            sink.start()?;
+    pub fn start_queues(&self) -> Result<(), crate::forward::queue::QueueError> {
+        for backend in self.forwarder.backends() {
+            backend.start()?;
         }
         Ok(())
     }
@@ -116,8 +116,8 @@ impl AppState {
     pub async fn stop_queues(&self, within: Duration) {
         let mut stops: Vec<_> = self
             .forwarder
-            .sinks()
-            .map(|s| Some(s.stop(within)))
+            .backends()
+            .map(|b| Some(Box::pin(b.stop(within))))
             .collect();
         // Concurrently: a dead backend's queue does not eat another's time to drain.
         std::future::poll_fn(|cx| {
@@ -166,9 +166,9 @@ impl AppState {
 
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
-        for sink in self.forwarder.sinks() {
-            if let Some(q) = sink.queue_state() {
-                telemetry::queue_state(sink.name(), q.bytes, q.requests, q.oldest_age);
+        for backend in self.forwarder.backends() {
+            if let Some(q) = backend.queue_state() {
+                telemetry::queue_state(backend.name(), q.bytes, q.requests, q.oldest_age);
             }
         }
         if let Some(d) = self.pipeline.deriver() {
@@ -258,7 +258,7 @@ async fn ready(State(live): State<Arc<Live>>) -> Response {
     }
     // Every backend queued and every queue refusing for room: a balancer should send
     // elsewhere until one drains.
-    let mut queues = st.forwarder.sinks().map(|s| s.queue_state());
+    let mut queues = st.forwarder.backends().map(|b| b.queue_state());
     if queues.all(|q| q.is_some_and(|q| q.refusing)) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -288,29 +288,115 @@ fn answer(status: StatusCode, reason: &str, retry_after: Option<HeaderValue>) ->
     resp
 }
 
+/// Why an ingest request was answered without forwarding its data: each variant is one
+/// status code of docs/wire.md, its text the answer's body.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("missing bearer token")]
+    MissingToken,
+    #[error("invalid bearer token")]
+    InvalidToken,
+    /// Not snappy, or a `Content-Type` that is not remote-write (415).
+    #[error("{0}")]
+    UnsupportedMedia(String),
+    /// A `Content-Length` over `max_body_bytes` (413).
+    #[error("body of {len} bytes is over the limit of {limit}")]
+    DeclaredTooLarge { len: usize, limit: usize },
+    /// More bytes than `max_body_bytes` arrived (413).
+    #[error("body is over the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("request body not received within {0:?} (server.body_read_timeout)")]
+    BodyTimeout(Duration),
+    #[error("reading body: {0}")]
+    BodyRead(String),
+    /// Beyond the overload budget: the throttle status, with `Retry-After`.
+    #[error(
+        "promnorm is over its {} budget (limits.{}); retry later",
+        budget_name(*.why),
+        budget_key(*.why)
+    )]
+    Throttled {
+        why: budget::Throttle,
+        status: StatusCode,
+    },
+    /// The body does not decode (400), or decodes beyond the limits (413).
+    #[error("invalid remote-write request: {0}")]
+    Invalid(#[source] crate::wire::DecodeError),
+    /// Tenant routing refused the request (400), or a body could not be encoded (500).
+    #[error("{0}")]
+    Route(#[source] RouteError),
+}
+
+fn budget_name(why: budget::Throttle) -> &'static str {
+    match why {
+        budget::Throttle::Concurrency => "concurrent-request",
+        budget::Throttle::Bytes => "in-flight bytes",
+    }
+}
+
+fn budget_key(why: budget::Throttle) -> &'static str {
+    match why {
+        budget::Throttle::Concurrency => "max_concurrent_requests",
+        budget::Throttle::Bytes => "max_inflight_bytes",
+    }
+}
+
+impl IntoResponse for IngestError {
+    fn into_response(self) -> Response {
+        let (status, retry_after) = match &self {
+            IngestError::MissingToken => (StatusCode::UNAUTHORIZED, None),
+            IngestError::InvalidToken => (StatusCode::FORBIDDEN, None),
+            IngestError::UnsupportedMedia(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, None),
+            IngestError::DeclaredTooLarge { .. } | IngestError::TooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, None)
+            }
+            IngestError::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, None),
+            IngestError::BodyRead(_) => (StatusCode::BAD_REQUEST, None),
+            IngestError::Throttled { why, status } => {
+                telemetry::request_throttled(why.reason());
+                (
+                    *status,
+                    Some(HeaderValue::from_static(budget::RETRY_AFTER_SECONDS)),
+                )
+            }
+            IngestError::Invalid(e) if e.is_too_large() => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            IngestError::Invalid(_) => (StatusCode::BAD_REQUEST, None),
+            IngestError::Route(RouteError::TooManyTenants { .. }) => {
+                (StatusCode::BAD_REQUEST, None)
+            }
+            IngestError::Route(RouteError::Encode(_)) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        };
+        answer(status, &self.to_string(), retry_after)
+    }
+}
+
 /// Checks the remote-write headers and negotiates the version by `Content-Type`
-/// (docs/wire.md); `Err` carries the 415 reason.
-fn check_headers(headers: &HeaderMap) -> Result<InputProtocol, String> {
+/// (docs/wire.md).
+fn check_headers(headers: &HeaderMap) -> Result<InputProtocol, IngestError> {
     let enc = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
     match enc {
         Some(e) if e.trim().eq_ignore_ascii_case("snappy") => {}
         Some(e) => {
-            return Err(format!(
+            return Err(IngestError::UnsupportedMedia(format!(
                 "unsupported Content-Encoding {e:?}: remote-write needs snappy"
+            )));
+        }
+        None => {
+            return Err(IngestError::UnsupportedMedia(
+                "missing Content-Encoding: remote-write needs snappy".into(),
             ));
         }
-        None => return Err("missing Content-Encoding: remote-write needs snappy".into()),
     }
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    crate::server::negotiate::content_type(ct)
+    crate::server::negotiate::content_type(ct).map_err(IngestError::UnsupportedMedia)
 }
 
-fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), IngestError> {
     let Some(token) = &st.ingest_token else {
         return Ok(());
     };
@@ -318,17 +404,9 @@ fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     match given.and_then(bearer_credentials) {
-        None => Err(Box::new(answer(
-            StatusCode::UNAUTHORIZED,
-            "missing bearer token",
-            None,
-        ))),
+        None => Err(IngestError::MissingToken),
         Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(Box::new(answer(
-            StatusCode::FORBIDDEN,
-            "invalid bearer token",
-            None,
-        ))),
+        Some(_) => Err(IngestError::InvalidToken),
     }
 }
 
@@ -343,20 +421,61 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body) -> Response {
+/// `POST` of a remote-write request: admit → process → forward.
+async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, body: Body) -> Response {
     // One state for the whole request: a reload meanwhile does not change its rules.
     let st = live.current();
+    match ingest(&live, &st, &headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn ingest(
+    live: &Live,
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, IngestError> {
+    let (protocol, mut admitted) = admit(st, headers, body).await?;
+    let (processed, deliveries) = process(st, headers, protocol, &mut admitted)?;
+    // A valid request, offered to the live tap (one atomic load when none is open).
+    tap::offer(live, &admitted.body, protocol, st.max_decoded_bytes);
+    // Only the reservation is held while the backends answer.
+    let Admitted { body, ticket, .. } = admitted;
+    drop(body);
+    let resp = forward(st, headers, protocol, &processed, &deliveries).await;
+    drop(ticket);
+    Ok(resp)
+}
+
+/// A request inside the overload budget: its body, and what it reserved.
+struct Admitted {
+    body: bytes::Bytes,
+    ticket: budget::Ticket,
+    /// The decoded size the body declares, reserved for the request's lifetime.
+    decoded_reserved: usize,
+}
+
+/// Checks auth and headers, reads the body within the budget and reserves its declared
+/// decoded size.
+async fn admit(
+    st: &AppState,
+    headers: &HeaderMap,
+    mut body: Body,
+) -> Result<(InputProtocol, Admitted), IngestError> {
     // Refused before the body is read: the body is still read and discarded in the
     // background (bounded), so the sender sees the answer rather than a reset stream.
-    if let Err(resp) = check_auth(&st, &headers) {
-        budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
-        return *resp;
-    }
-    let protocol = match check_headers(&headers) {
+    let discard = |body: Body| budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
+    let throttled = |why| IngestError::Throttled {
+        why,
+        status: st.throttle_status,
+    };
+    let protocol = match check_auth(st, headers).and_then(|()| check_headers(headers)) {
         Ok(p) => p,
-        Err(reason) => {
-            budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
-            return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &reason, None);
+        Err(e) => {
+            discard(body);
+            return Err(e);
         }
     };
     let content_length = headers
@@ -366,27 +485,27 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
     if let Some(len) = content_length
         && len > st.max_body_bytes
     {
-        return answer(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "body of {len} bytes is over the limit of {}",
-                st.max_body_bytes
-            ),
-            None,
-        );
+        return Err(IngestError::DeclaredTooLarge {
+            len,
+            limit: st.max_body_bytes,
+        });
     }
     // The overload budget: a slot, then the body's bytes as they arrive. A declared
     // length that cannot fit now is answered at once; one that fits reserves nothing
     // until its bytes come (an announcement alone must not hold the budget).
     let mut ticket = match st.budget.admit() {
         Ok(t) => t,
-        Err(why) => return throttled(&st, why, body),
+        Err(why) => {
+            discard(body);
+            return Err(throttled(why));
+        }
     };
     if let Some(len) = content_length
         && !st.budget.would_fit(len)
     {
         drop(ticket);
-        return throttled(&st, budget::Throttle::Bytes, body);
+        discard(body);
+        return Err(throttled(budget::Throttle::Bytes));
     }
     let collected = tokio::time::timeout(
         st.body_read_timeout,
@@ -394,180 +513,147 @@ async fn write(State(live): State<Arc<Live>>, headers: HeaderMap, mut body: Body
     )
     .await;
     let Ok(collected) = collected else {
-        return answer(
-            StatusCode::REQUEST_TIMEOUT,
-            &format!(
-                "request body not received within {:?} (server.body_read_timeout)",
-                st.body_read_timeout
-            ),
-            None,
-        );
+        return Err(IngestError::BodyTimeout(st.body_read_timeout));
     };
-    let body = match collected {
+    let bytes = match collected {
         Ok(b) => b,
         Err(budget::BodyError::Throttled(why)) => {
             drop(ticket);
-            return throttled(&st, why, body);
+            discard(body);
+            return Err(throttled(why));
         }
         Err(budget::BodyError::TooLarge { limit }) => {
-            return answer(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("body is over the limit of {limit} bytes"),
-                None,
-            );
+            return Err(IngestError::TooLarge { limit });
         }
-        Err(budget::BodyError::Read(e)) => {
-            return answer(StatusCode::BAD_REQUEST, &format!("reading body: {e}"), None);
-        }
+        Err(budget::BodyError::Read(e)) => return Err(IngestError::BodyRead(e)),
     };
     // The decoded size the body declares is held for the request's lifetime too. A
     // declaration over the limit, or more than the body can produce, is refused by the
     // decoder (413, 400) before it allocates: such a body reserves nothing more.
     let mut decoded_reserved = 0;
-    if let Ok(declared) = snap::raw::decompress_len(&body)
+    if let Ok(declared) = snap::raw::decompress_len(&bytes)
         && declared <= st.max_decoded_bytes
         && declared
-            <= body
+            <= bytes
                 .len()
                 .saturating_mul(crate::wire::snappy::MAX_EXPANSION)
     {
-        if let Err(why) = ticket.reserve(declared) {
-            drop(ticket);
-            return throttled_answer(&st, why);
-        }
+        ticket.reserve(declared).map_err(throttled)?;
         decoded_reserved = declared;
     }
+    Ok((
+        protocol,
+        Admitted {
+            body: bytes,
+            ticket,
+            decoded_reserved,
+        },
+    ))
+}
 
+/// Decodes, maps and routes the request on a pooled workspace (returned to the pool
+/// on every exit): its counts and one delivery per backend and tenant.
+fn process(
+    st: &AppState,
+    headers: &HeaderMap,
+    protocol: InputProtocol,
+    admitted: &mut Admitted,
+) -> Result<(Processed, Vec<Delivery>), IngestError> {
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
-    let mut ws = st.pipeline.take_workspace();
+    let mut ws = st.pipeline.workspace();
     ws.skip_v1_body = !st.forwarder.wants_whole_v1();
     // Decoding resolves 2.0's label references to spans only; what the output will
     // hold with them spelled out is reserved before it is built (a small 2.0 request
     // can refer to one large symbol many times). Over `max_decoded_bytes` it is a 413.
-    let processed = match st.pipeline.decode_as(&mut ws, &body, protocol) {
-        Ok(expanded) => match ticket.reserve(expanded.saturating_sub(decoded_reserved)) {
-            Ok(()) => st.pipeline.map_decoded(&mut ws),
-            Err(why) => {
-                st.pipeline.return_workspace(ws);
-                drop(ticket);
-                return throttled_answer(&st, why);
-            }
-        },
-        Err(e) => Err(e),
-    };
+    let expanded = st
+        .pipeline
+        .decode_as(&mut ws, &admitted.body, protocol)
+        .map_err(IngestError::Invalid)?;
+    admitted
+        .ticket
+        .reserve(expanded.saturating_sub(admitted.decoded_reserved))
+        .map_err(|why| IngestError::Throttled {
+            why,
+            status: st.throttle_status,
+        })?;
+    let processed = st
+        .pipeline
+        .map_decoded(&mut ws)
+        .map_err(IngestError::Invalid)?;
+    let stats = st.pipeline.stats(&ws);
+    telemetry::record_map_stats(st.pipeline.rules(), stats);
+    let forwarded = stats.samples_out + stats.histograms_out;
     let mut deliveries = Vec::new();
-    let processed = match processed {
-        Ok(p) => {
-            let stats = st.pipeline.stats(&ws);
-            telemetry::record_map_stats(st.pipeline.rules(), stats);
-            let forwarded = stats.samples_out + stats.histograms_out;
-            if !p.empty {
-                let input = ws.route_input();
-                let mapped = Mapped {
-                    body: input.mapped,
-                    has_start_timestamps: input.has_start_timestamps,
-                    v1: input.v1,
-                    samples: forwarded,
-                    memory: Some(st.pipeline.metadata_memory()),
-                    limit_tenants: true,
-                    sender: Some(&headers),
-                    classic: input.classic.map(|(body, u)| ClassicBody {
-                        body,
-                        histograms: u.histograms,
-                        samples: u.samples,
-                    }),
-                };
-                let routed =
-                    st.forwarder
-                        .route(&mapped, input.split, input.bodies, &mut deliveries);
-                if let Err(e) = routed {
-                    st.pipeline.return_workspace(ws);
-                    let status = match e {
-                        RouteError::TooManyTenants { .. } => {
-                            telemetry::samples_dropped("too_many_tenants", forwarded);
-                            StatusCode::BAD_REQUEST
-                        }
-                        RouteError::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                    };
-                    return answer(status, &e.to_string(), None);
+    if !processed.empty {
+        let input = ws.route_input();
+        let mapped = Mapped {
+            body: input.mapped,
+            has_start_timestamps: input.has_start_timestamps,
+            v1: input.v1,
+            samples: forwarded,
+            memory: Some(st.pipeline.metadata_memory()),
+            limit_tenants: true,
+            sender: Some(headers),
+            classic: input.classic.map(|(body, u)| ClassicBody {
+                body,
+                histograms: u.histograms,
+                samples: u.samples,
+            }),
+        };
+        st.forwarder
+            .route(&mapped, input.split, input.bodies, &mut deliveries)
+            .map_err(|e| {
+                if let RouteError::TooManyTenants { .. } = e {
+                    telemetry::samples_dropped("too_many_tenants", forwarded);
                 }
-            }
-            p
-        }
-        Err(e) => {
-            st.pipeline.return_workspace(ws);
-            let status = if e.is_too_large() {
-                StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            return answer(status, &format!("invalid remote-write request: {e}"), None);
-        }
-    };
-    tap::offer(&live, &body, protocol, st.max_decoded_bytes);
-    st.pipeline.return_workspace(ws);
-    drop(body);
-    telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
+                IngestError::Route(e)
+            })?;
+    }
+    Ok((processed, deliveries))
+}
 
+/// Sends the deliveries and answers the sender with their verdict.
+async fn forward(
+    st: &AppState,
+    headers: &HeaderMap,
+    protocol: InputProtocol,
+    processed: &Processed,
+    deliveries: &[Delivery],
+) -> Response {
+    telemetry::samples_received((processed.samples_in + processed.histograms_in) as u64);
     if processed.empty || deliveries.is_empty() {
         return negotiate::written(
             answer(StatusCode::NO_CONTENT, "", None),
             protocol,
-            &processed,
+            processed,
         );
     }
-    let outcomes = st.forwarder.send_routed(&deliveries, &headers).await;
-    let mut names = Vec::with_capacity(deliveries.len());
+    let outcomes = st.forwarder.send_routed(deliveries, headers).await;
+    // Backends' names borrowed: only a tenant's delivery builds one.
+    let mut names: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(deliveries.len());
     for (d, o) in deliveries.iter().zip(&outcomes) {
-        let sink = st.forwarder.sink(d.sink);
+        let backend = st.forwarder.backend(d.backend);
         if matches!(o, Outcome::Delivered) {
-            telemetry::samples_forwarded(sink.name(), d.payload.samples);
+            backend.metrics().samples_forwarded(d.payload.samples);
         }
         match &d.tenant {
             Some(t) => {
-                telemetry::tenant_samples(sink.name(), t, o.label(), d.payload.samples);
-                names.push(format!("{} (tenant {t})", sink.name()));
+                backend
+                    .metrics()
+                    .tenant_samples(t, o.label(), d.payload.samples);
+                names.push(format!("{} (tenant {t})", backend.name()).into());
             }
-            None => names.push(sink.name().to_string()),
+            None => names.push(backend.name().into()),
         }
     }
-    let v = verdict(names.iter().map(String::as_str).zip(&outcomes));
+    let v = verdict(names.iter().map(|n| n.as_ref()).zip(&outcomes));
     if !v.status.is_success() {
         tracing::warn!(status = v.status.as_u16(), reason = %v.reason, "forwarding failed");
     }
-    let resp = negotiate::written(
+    negotiate::written(
         answer(v.status, &v.reason, v.retry_after),
         protocol,
-        &processed,
-    );
-    drop(ticket);
-    resp
-}
-
-/// The throttle status (`server.throttle_status`) for a request beyond the overload
-/// budget, counted by reason; the rest of its body is discarded in the background.
-fn throttled(st: &AppState, why: budget::Throttle, body: Body) -> Response {
-    budget::discard_rest(body, st.max_body_bytes, st.body_read_timeout);
-    throttled_answer(st, why)
-}
-
-/// The throttle status for a request beyond the overload budget, counted by reason.
-fn throttled_answer(st: &AppState, why: budget::Throttle) -> Response {
-    telemetry::request_throttled(why.reason());
-    answer(
-        st.throttle_status,
-        &format!(
-            "promnorm is over its {} budget (limits.{}); retry later",
-            match why {
-                budget::Throttle::Concurrency => "concurrent-request",
-                budget::Throttle::Bytes => "in-flight bytes",
-            },
-            match why {
-                budget::Throttle::Concurrency => "max_concurrent_requests",
-                budget::Throttle::Bytes => "max_inflight_bytes",
-            }
-        ),
-        Some(HeaderValue::from_static(budget::RETRY_AFTER_SECONDS)),
+        processed,
     )
 }
 
@@ -611,4 +697,55 @@ pub async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received; draining");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24: each early answer keeps the status and text the handler gave inline.
+    #[test]
+    fn ingest_errors_answer_with_their_status_and_reason() {
+        let cases = [
+            (IngestError::MissingToken, 401, "missing bearer token"),
+            (IngestError::InvalidToken, 403, "invalid bearer token"),
+            (
+                IngestError::DeclaredTooLarge { len: 10, limit: 5 },
+                413,
+                "body of 10 bytes is over the limit of 5",
+            ),
+            (
+                IngestError::BodyTimeout(Duration::from_secs(3)),
+                408,
+                "request body not received within 3s (server.body_read_timeout)",
+            ),
+            (
+                IngestError::Throttled {
+                    why: budget::Throttle::Bytes,
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                },
+                503,
+                "promnorm is over its in-flight bytes budget (limits.max_inflight_bytes); retry later",
+            ),
+            (
+                IngestError::Throttled {
+                    why: budget::Throttle::Concurrency,
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                },
+                429,
+                "promnorm is over its concurrent-request budget (limits.max_concurrent_requests); retry later",
+            ),
+        ];
+        for (e, status, text) in cases {
+            assert_eq!(e.to_string(), text);
+            let throttled = matches!(e, IngestError::Throttled { .. });
+            let resp = e.into_response();
+            assert_eq!(resp.status().as_u16(), status, "{text}");
+            assert_eq!(
+                resp.headers().get(header::RETRY_AFTER).is_some(),
+                throttled,
+                "{text}"
+            );
+        }
+    }
 }

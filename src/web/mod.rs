@@ -263,7 +263,7 @@ pub(crate) fn explain_backends(
 ) -> Vec<crate::explain::ExplainBackend> {
     use crate::forward::NativeHistogramsPolicy;
     st.forwarder
-        .sinks()
+        .backends()
         .map(|s| crate::explain::ExplainBackend {
             name: s.name().to_string(),
             protocol: match (s.needs_v1(), s.wants_v2()) {

@@ -158,7 +158,7 @@ pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
         "</table>\n<h2>Backends</h2>\n<table><tr><th>Backend</th><th>Protocol</th>\
          <th>Tenancy</th><th>Queue</th></tr>",
     );
-    for s in st.forwarder.sinks() {
+    for s in st.forwarder.backends() {
         let protocol = match (s.needs_v1(), s.wants_v2()) {
             (true, true) => "auto (2.0, falls back to 1.0)",
             (false, _) => "2.0",

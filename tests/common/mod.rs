@@ -176,7 +176,10 @@ pub async fn start_proxy(backends: &[String], extra_yaml: &str) -> Proxy {
 /// `shutdown`.
 pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
     let cfg = Config::parse(yaml, "test.yaml").expect("test config parses");
-    let state = Arc::new(promnorm::app::app_state(&cfg).expect("test config is valid"));
+    // The assembly serve and reload use.
+    let state = promnorm::app::build(&cfg, None)
+        .expect("test config is valid")
+        .state;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();

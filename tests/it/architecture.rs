@@ -97,6 +97,10 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         "server",
         &["config", "app", "reload", "normalize", "explain"],
     ),
+    // Issue 24: one assembly (`app::build`) that reload and serve build through; app
+    // imports neither, reload does not import serve.
+    ("app", &["reload", "serve"]),
+    ("reload", &["serve"]),
     // The web UI sits beside the server (app merges its routes): it may read explain
     // and normalize, never configuration files.
     ("web", &["config", "app", "reload"]),
@@ -190,6 +194,78 @@ fn no_stage_reaches_back_and_config_imports_no_stage() {
         }
     }
     assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Top-level module → the crate's modules it imports.
+fn import_graph() -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let module = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .map(|m| m.trim_end_matches(".rs").to_string())
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(f).unwrap();
+        let out = graph.entry(module.clone()).or_default();
+        out.extend(imports(&text).into_iter().filter(|m| *m != module));
+    }
+    graph
+}
+
+/// A cycle in `graph`, as the modules along it, if there is one.
+fn find_cycle(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    // Depth-first, iterative over the path; each module is finished once.
+    let mut done = BTreeSet::new();
+    for start in graph.keys() {
+        let mut path: Vec<String> = Vec::new();
+        let mut stack = vec![(start.clone(), false)];
+        while let Some((m, leaving)) = stack.pop() {
+            if leaving {
+                path.pop();
+                done.insert(m);
+                continue;
+            }
+            if done.contains(&m) {
+                continue;
+            }
+            if let Some(i) = path.iter().position(|p| *p == m) {
+                let mut cycle = path[i..].to_vec();
+                cycle.push(m);
+                return Some(cycle);
+            }
+            path.push(m.clone());
+            stack.push((m.clone(), true));
+            for n in graph.get(&m).into_iter().flatten() {
+                if !done.contains(n) {
+                    stack.push((n.clone(), false));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Issue 24: the crate's modules import each other without a cycle (app and reload
+/// once did: two ways to assemble the proxy).
+#[test]
+fn the_modules_import_each_other_without_a_cycle() {
+    let graph = import_graph();
+    assert!(graph.contains_key("app") && graph.contains_key("reload"));
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("import cycle: {}", cycle.join(" -> "));
+    }
+    // The search finds one when there is one.
+    let mut with_cycle = graph.clone();
+    with_cycle
+        .entry("app".to_string())
+        .or_default()
+        .insert("reload".to_string());
+    assert!(find_cycle(&with_cycle).is_some());
 }
 
 #[test]

@@ -18,7 +18,7 @@ async fn start() -> (String, common::Recorded) {
         "listen: 127.0.0.1:0\nbackends:\n  - url: {backend}\n    timeout: 2s\n    queue: {{type: memory}}\n"
     );
     let cfg = Config::parse(&yaml, "test.yaml").expect("config parses");
-    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let state = promnorm::app::build(&cfg, None).expect("valid").state;
     state.start_queues().expect("queues");
     let live = Arc::new(Live::new(state));
     let app = router_live(live.clone(), &cfg.write_paths)
@@ -475,7 +475,7 @@ async fn start_web(yaml_web: &str) -> String {
         "listen: 127.0.0.1:0\nbackends:\n  - url: http://127.0.0.1:1/api/v1/write\n{yaml_web}"
     );
     let cfg = Config::parse(&yaml, "test.yaml").expect("config parses");
-    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let state = promnorm::app::build(&cfg, None).expect("valid").state;
     let opts = promnorm::app::web_options(&cfg).expect("web options");
     let live = Arc::new(Live::new(state));
     let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::web::router(live, &opts));
@@ -646,7 +646,7 @@ async fn the_status_page_shows_the_effective_configuration_without_secrets() {
     let yaml =
         "listen: 127.0.0.1:0\nbackends:\n  - url: http://ops:hunter2@127.0.0.1:1/api/v1/write\n";
     let cfg = Config::parse(yaml, "test.yaml").expect("config parses");
-    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let state = promnorm::app::build(&cfg, None).expect("valid").state;
     let live = Arc::new(Live::new(state));
     let app = promnorm::web::router(live, &Default::default());
     let base = format!("http://{}", common::serve(app).await);
@@ -662,7 +662,7 @@ async fn start_tap() -> String {
         "listen: 127.0.0.1:0\nbackends:\n  - url: {backend}\n    timeout: 2s\nweb:\n  enable_debug: true\n"
     );
     let cfg = Config::parse(&yaml, "test.yaml").expect("config parses");
-    let state = Arc::new(promnorm::app::app_state(&cfg).expect("valid"));
+    let state = promnorm::app::build(&cfg, None).expect("valid").state;
     let opts = promnorm::app::web_options(&cfg).expect("web options");
     assert!(opts.debug);
     let live = Arc::new(Live::new(state));

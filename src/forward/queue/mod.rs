@@ -1,5 +1,5 @@
-//! Per-backend delivery queues (`backends[].queue`, docs/queues.md). A queued backend is
-//! a [`Sink`] whose `send` means "stored": the sender's request is answered once its
+//! Per-backend delivery queues (`backends[].queue`, docs/queues.md). A queued
+//! [`super::Backend`] holds a [`Queue`], whose `send` means "stored": the sender's request is answered once its
 //! data is in every queued backend's queue, and each queue drains on its own, so a slow
 //! or dead backend never holds up another backend or the sender.
 //!
@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::sync::Notify;
 
-use super::{Backoff, Outcome, OutcomeClass, Payload, SendFuture, Sink};
+use super::{Backend, Backoff, Outcome, OutcomeClass, Payload, Transport};
 use crate::telemetry;
 use record::{Record, now_ms};
 use store::{DiskStore, MemoryStore, Store, StoreError};
@@ -76,22 +76,44 @@ pub struct QueueState {
 /// `Retry-After` on a 429 for a full queue: long enough for a shard to drain a little.
 const FULL_RETRY_AFTER_SECS: &str = "5";
 
-pub struct QueuedSink {
+/// Why a queue could not open, or not take over another queue's records.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("backend {backend}: opening its queue: {source}")]
+    Open {
+        backend: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("the queue is not open")]
+    NotOpen,
+    #[error("reading the old queue: {0}")]
+    ReadOld(#[source] StoreError),
+    #[error("storing in the new queue: {0}")]
+    Store(#[source] StoreError),
+}
+
+pub struct Queue {
     name: String,
-    inner: Arc<dyn Sink>,
+    /// Where the senders deliver: the backend's client (for a retired queue: the new
+    /// backend of its name).
+    target: Arc<dyn Transport>,
     opts: QueueOptions,
     pass: Vec<HeaderName>,
-    /// Open between [`Sink::start`] and [`Sink::stop`]; a stopped queue can start again.
+    /// The tenant header of the backend's tenant routing, when it routes by tenant.
+    tenant_header: Option<HeaderName>,
+    metrics: Arc<telemetry::BackendMetrics>,
+    /// Open between [`Queue::start`] and [`Queue::stop`]; a stopped queue can start again.
     running: Mutex<Option<Arc<Running>>>,
 }
 
-/// How long [`Sink::start`] waits for a disk queue's directory held by another process
+/// How long [`Queue::start`] waits for a disk queue's directory held by another process
 /// (a promnorm still stopping while its successor starts).
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
-/// A queue stopped by [`QueuedSink::halt`] with everything it held: given to a successor
-/// ([`QueuedSink::adopt`], [`QueuedSink::retire_into`]), back to its queue
-/// ([`QueuedSink::resume`]), or closed ([`Halted::close`]). A disk queue's files (and
+/// A queue stopped by [`Queue::halt`] with everything it held: given to a successor
+/// ([`Queue::adopt`], [`Queue::retire_into`]), back to its queue
+/// ([`Queue::resume`]), or closed ([`Halted::close`]). A disk queue's files (and
 /// its directory's lock) stay open until it is dropped or closed.
 pub struct Halted {
     name: String,
@@ -168,17 +190,29 @@ struct ShardState {
     closed: bool,
 }
 
-impl QueuedSink {
-    /// A queue in front of `inner`. Nothing is opened until [`Sink::start`].
-    pub fn new(inner: Arc<dyn Sink>, opts: QueueOptions) -> QueuedSink {
-        let pass = inner.pass_headers().to_vec();
-        QueuedSink {
-            name: inner.name().to_string(),
-            inner,
+impl Queue {
+    /// A queue in front of `target`, storing the sender's `pass` headers and, with tenant
+    /// routing, its `tenant_header`. Nothing is opened until [`Queue::start`].
+    pub fn new(
+        target: Arc<dyn Transport>,
+        pass: Vec<HeaderName>,
+        tenant_header: Option<HeaderName>,
+        metrics: Arc<telemetry::BackendMetrics>,
+        opts: QueueOptions,
+    ) -> Queue {
+        Queue {
+            name: target.name().to_string(),
+            target,
             opts,
             pass,
+            tenant_header,
+            metrics,
             running: Mutex::new(None),
         }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The directory of a disk queue.
@@ -189,9 +223,10 @@ impl QueuedSink {
         }
     }
 
-    /// Where the queue delivers (for a retired queue: its successor's backend).
-    pub fn target(&self) -> &Arc<dyn Sink> {
-        &self.inner
+    /// True when the queue delivers through `backend` (a retired queue through its
+    /// successor).
+    pub fn delivers_through(&self, backend: &Arc<Backend>) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.target), Arc::as_ptr(backend))
     }
 
     /// True between a start (or a retirement) and a stop.
@@ -252,9 +287,9 @@ impl QueuedSink {
     /// Records are split again for this queue's shards; the budget may be exceeded
     /// until they are delivered. Returns the requests moved; on an error (a full disk)
     /// the rest stays in `from`.
-    pub fn adopt(&self, from: &Halted) -> Result<u64, String> {
+    pub fn adopt(&self, from: &Halted) -> Result<u64, QueueError> {
         let Some(run) = self.running() else {
-            return Err("the queue is not open".into());
+            return Err(QueueError::NotOpen);
         };
         let mut moved = 0u64;
         for shard in &from.run.shards {
@@ -269,10 +304,9 @@ impl QueuedSink {
                 let rec = match front {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
-                    Err(e) => return Err(format!("reading the old queue: {e}")),
+                    Err(e) => return Err(QueueError::ReadOld(e)),
                 };
-                self.store_whole(&run, &rec)
-                    .map_err(|e| format!("storing in the new queue: {e}"))?;
+                self.store_whole(&run, &rec).map_err(QueueError::Store)?;
                 if let Some(r) = st.store.pop_front() {
                     from.run.bytes.fetch_sub(r.bytes, Ordering::AcqRel);
                     from.run.requests.fetch_sub(1, Ordering::Relaxed);
@@ -333,11 +367,13 @@ impl QueuedSink {
     /// A queue that takes nothing new and delivers what `h` holds through `target` (a
     /// reload's successor that has no queue, or no room for it), then closes itself. A
     /// retired disk queue keeps its directory until every record in it is delivered.
-    pub fn retire_into(h: Halted, target: Arc<dyn Sink>) -> Arc<QueuedSink> {
-        let q = Arc::new(QueuedSink {
+    pub fn retire_into(h: Halted, target: Arc<Backend>) -> Arc<Queue> {
+        let q = Arc::new(Queue {
             name: h.name.clone(),
             pass: target.pass_headers().to_vec(),
-            inner: target,
+            tenant_header: target.tenancy().map(|t| t.header.clone()),
+            metrics: target.http.metrics().clone(),
+            target,
             opts: h.opts.clone(),
             running: Mutex::new(None),
         });
@@ -378,8 +414,9 @@ impl QueuedSink {
             tasks.push(tokio::spawn(drain_shard(
                 run.clone(),
                 i,
-                self.inner.clone(),
+                self.target.clone(),
                 self.name.clone(),
+                self.metrics.clone(),
                 self.opts.clone(),
             )));
         }
@@ -459,11 +496,10 @@ impl QueuedSink {
         // The payload's tenant, else (routing on) the sender's.
         let tenant: Option<(HeaderName, HeaderValue)> = match &payload.tenant {
             Some(t) => Some((t.name.clone(), t.value.clone())),
-            None => self.inner.tenancy().and_then(|t| {
-                incoming
-                    .get(&t.header)
-                    .map(|v| (t.header.clone(), v.clone()))
-            }),
+            None => self
+                .tenant_header
+                .as_ref()
+                .and_then(|h| incoming.get(h).map(|v| (h.clone(), v.clone()))),
         };
         let tenant_name = tenant.as_ref().map(|(n, _)| n);
         let mut out: Vec<(HeaderName, HeaderValue)> = self
@@ -499,7 +535,7 @@ impl QueuedSink {
     }
 
     /// Stores `payload` in its shards, all parts or none; `reserved` bytes of the budget
-    /// were taken for it by [`QueuedSink::reserve_bytes`].
+    /// were taken for it by [`Queue::reserve_bytes`].
     fn enqueue(
         &self,
         run: &Running,
@@ -753,13 +789,11 @@ fn warn_limited(backend: &str, msg: &str) {
     tracing::warn!(backend, "{msg}");
 }
 
-impl Sink for QueuedSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn send<'a>(&'a self, payload: Payload, incoming: &'a HeaderMap) -> SendFuture<'a> {
-        let outcome = match self.running() {
+/// What the backend's request path calls.
+impl Queue {
+    /// Stores `payload` (the outcome is `Queued`, or why not).
+    pub fn send(&self, payload: Payload, incoming: &HeaderMap) -> Outcome {
+        match self.running() {
             Some(run) => {
                 let bytes = self.estimate(&payload, incoming);
                 match self.reserve_bytes(&run, bytes) {
@@ -768,11 +802,11 @@ impl Sink for QueuedSink {
                 }
             }
             None => unavailable("the queue is not open"),
-        };
-        Box::pin(std::future::ready(outcome))
+        }
     }
 
-    fn reserve(&self, payload: &Payload, incoming: &HeaderMap) -> Result<u64, Outcome> {
+    /// Takes room for `payload` in the queue's budget; returns the bytes taken.
+    pub fn reserve(&self, payload: &Payload, incoming: &HeaderMap) -> Result<u64, Outcome> {
         let Some(run) = self.running() else {
             return Err(unavailable("the queue is not open"));
         };
@@ -780,55 +814,32 @@ impl Sink for QueuedSink {
         self.reserve_bytes(&run, bytes).map(|()| bytes)
     }
 
-    fn unreserve(&self, bytes: u64) {
+    /// Gives back a reservation that will not be used.
+    pub fn unreserve(&self, bytes: u64) {
         if let Some(run) = self.running() {
             run.bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 
-    fn send_reserved<'a>(
-        &'a self,
-        payload: Payload,
-        incoming: &'a HeaderMap,
-        reserved: u64,
-    ) -> SendFuture<'a> {
-        let outcome = match self.running() {
+    /// [`Queue::send`] after a successful [`Queue::reserve`].
+    pub fn send_reserved(&self, payload: Payload, incoming: &HeaderMap, reserved: u64) -> Outcome {
+        match self.running() {
             Some(run) => self.enqueue(&run, payload, incoming, reserved),
             None => unavailable("the queue is not open"),
-        };
-        Box::pin(std::future::ready(outcome))
+        }
     }
 
-    fn pass_headers(&self) -> &[HeaderName] {
-        &self.pass
-    }
-
-    fn tenancy(&self) -> Option<&super::TenancyOptions> {
-        self.inner.tenancy()
-    }
-
-    fn needs_v1(&self) -> bool {
-        self.inner.needs_v1()
-    }
-
-    fn native_histograms(&self) -> super::NativeHistogramsPolicy {
-        self.inner.native_histograms()
-    }
-
-    /// The backend decides: a queued request carries the 2.0 body when the backend takes
-    /// 2.0 when it is queued (and the 1.0 body always, for `auto`'s fallback).
-    fn wants_v2(&self) -> bool {
-        self.inner.wants_v2()
-    }
-
-    fn start(&self) -> Result<(), String> {
+    /// Opens the queue's store (replaying a disk queue) and starts its senders; a
+    /// queue already open stays as it is.
+    pub fn start(&self) -> Result<(), QueueError> {
         let mut slot = lock(&self.running);
         if slot.is_some() {
             return Ok(());
         }
-        let stores = self
-            .open_stores()
-            .map_err(|e| format!("backend {}: opening its queue: {e}", self.name))?;
+        let stores = self.open_stores().map_err(|source| QueueError::Open {
+            backend: self.name.clone(),
+            source,
+        })?;
         let mut bytes = 0;
         let mut requests = 0;
         for s in &stores {
@@ -865,11 +876,8 @@ impl Sink for QueuedSink {
     /// A memory queue delivers what it holds within `within`; a disk queue stops at once
     /// (what it holds is durable: the next start replays it), so a dead backend does not
     /// hold up a shutdown or a restart.
-    fn stop<'a>(
-        &'a self,
-        within: Duration,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        Box::pin(async move {
+    pub async fn stop(&self, within: Duration) {
+        {
             let Some(run) = self.running() else {
                 return;
             };
@@ -886,14 +894,11 @@ impl Sink for QueuedSink {
             if let Some(h) = self.halt().await {
                 h.close();
             }
-        })
+        }
     }
 
-    fn as_queue(&self) -> Option<&QueuedSink> {
-        Some(self)
-    }
-
-    fn queue_state(&self) -> Option<QueueState> {
+    /// What the queue holds now; `None` while it is not open.
+    pub fn state(&self) -> Option<QueueState> {
         let run = self.running()?;
         let now = now_ms();
         let oldest = run
@@ -912,14 +917,13 @@ impl Sink for QueuedSink {
     }
 }
 
-use std::future::Future;
-
 /// One shard's sender: the front record, one at a time, until delivered or dropped.
 async fn drain_shard(
     run: Arc<Running>,
     index: usize,
-    inner: Arc<dyn Sink>,
+    inner: Arc<dyn Transport>,
     name: String,
+    metrics: Arc<telemetry::BackendMetrics>,
     opts: QueueOptions,
 ) {
     let shard = &run.shards[index];
@@ -974,7 +978,7 @@ async fn drain_shard(
         let outcome = inner.send(rec.payload(), &rec.header_map()).await;
         match outcome.class() {
             OutcomeClass::Delivered => {
-                telemetry::samples_forwarded(&name, rec.samples);
+                metrics.samples_forwarded(rec.samples);
                 telemetry::queue_send_lag(
                     &name,
                     Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms)),
@@ -1032,13 +1036,17 @@ mod tests {
     /// A backend that answers 503 to everything.
     struct Down;
 
-    impl Sink for Down {
+    impl Transport for Down {
         fn name(&self) -> &str {
             "down"
         }
-        fn send<'a>(&'a self, _: Payload, _: &'a HeaderMap) -> SendFuture<'a> {
+        fn send<'a>(&'a self, _: Payload, _: &'a HeaderMap) -> super::super::SendFuture<'a> {
             Box::pin(std::future::ready(unavailable("down")))
         }
+    }
+
+    fn metrics() -> Arc<telemetry::BackendMetrics> {
+        Arc::new(telemetry::BackendMetrics::new("down"))
     }
 
     fn opts(dir: &std::path::Path, shards: usize) -> QueueOptions {
@@ -1080,24 +1088,21 @@ mod tests {
     #[tokio::test]
     async fn a_disk_queue_refuses_another_shard_count_while_it_holds_data_and_reopens_after_stop() {
         let dir = std::env::temp_dir().join(format!("promnorm-q-layout-{}", now_ms()));
-        let q = QueuedSink::new(Arc::new(Down), opts(&dir, 1));
+        let q = Queue::new(Arc::new(Down), Vec::new(), None, metrics(), opts(&dir, 1));
         q.start().unwrap();
-        assert!(matches!(
-            q.send(body(), &HeaderMap::new()).await,
-            Outcome::Queued
-        ));
+        assert!(matches!(q.send(body(), &HeaderMap::new()), Outcome::Queued));
         q.stop(Duration::ZERO).await;
         // Stopped: refused, never stored where nothing drains it.
         assert!(!matches!(
-            q.send(body(), &HeaderMap::new()).await,
+            q.send(body(), &HeaderMap::new()),
             Outcome::Queued
         ));
-        let other = QueuedSink::new(Arc::new(Down), opts(&dir, 2));
-        let err = other.start().unwrap_err();
+        let other = Queue::new(Arc::new(Down), Vec::new(), None, metrics(), opts(&dir, 2));
+        let err = other.start().unwrap_err().to_string();
         assert!(err.contains("queued with shards: 1"), "{err}");
         // The same sink starts again (a reload undone) and finds its request.
         q.start().unwrap();
-        assert_eq!(q.queue_state().unwrap().requests, 1);
+        assert_eq!(q.state().unwrap().requests, 1);
         q.stop(Duration::ZERO).await;
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1107,14 +1112,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("promnorm-q-413-{}", now_ms()));
         let mut o = opts(&dir, 1);
         o.kind = QueueKind::Memory;
-        let q = QueuedSink::new(Arc::new(Down), o);
+        let q = Queue::new(Arc::new(Down), Vec::new(), None, metrics(), o);
         q.start().unwrap();
         let big = Payload::v1(Bytes::from(vec![0u8; 2 << 20]));
-        match q.send(big, &HeaderMap::new()).await {
+        match q.send(big, &HeaderMap::new()) {
             Outcome::Rejected { status, .. } => assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE),
             o => panic!("{o:?}"),
         }
-        assert!(!q.queue_state().unwrap().refusing);
+        assert!(!q.state().unwrap().refusing);
         q.stop(Duration::ZERO).await;
     }
 }
