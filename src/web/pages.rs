@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
 use super::Ui;
-use super::api::{BodyRefused, DryRunSlot, read_limited};
+use super::api::{BodyRefused, DryRunSlot, Trace, read_limited};
 use super::{MAX_DRY_RUN_BYTES, esc, form_value};
 use crate::explain;
 
@@ -461,37 +461,7 @@ pub(super) async fn normalize_post(
          <th>Rules</th><th>Result</th></tr>",
     );
     for t in &r.trace {
-        let rules = if t.rules.is_empty() {
-            "no rule applies; forwarded unchanged".to_string()
-        } else {
-            t.rules
-                .iter()
-                .map(|l| esc(l))
-                .collect::<Vec<_>>()
-                .join("<br>")
-        };
-        let mut res = String::new();
-        if t.keep_original {
-            res.push_str("original kept too<br>");
-        }
-        for x in &t.results {
-            if x.copy {
-                res.push_str("copy: ");
-            }
-            match (&x.output, &x.dropped) {
-                (Some(o), _) => {
-                    let _ = write!(res, "<code>{}</code>", esc(o));
-                    if let Some(s) = &x.scale {
-                        let _ = write!(res, " ({})", esc(s));
-                    }
-                }
-                (None, Some(d)) => {
-                    let _ = write!(res, "<span class=\"bad\">dropped ({})</span>", esc(d));
-                }
-                (None, None) => {}
-            }
-            res.push_str("<br>");
-        }
+        let (rules, res) = trace_cells(t);
         let _ = write!(
             out,
             "<tr><td><code>{}</code></td><td>{rules}</td><td>{res}</td></tr>",
@@ -500,6 +470,43 @@ pub(super) async fn normalize_post(
     }
     out.push_str("</table>\n");
     normalize_page(&ui, StatusCode::OK, &text, &out)
+}
+
+/// The "Rules" and "Result" cells of one input series' trace (escaped HTML), for the
+/// normalize page and the tap.
+pub(super) fn trace_cells(t: &Trace) -> (String, String) {
+    let rules = if t.rules.is_empty() {
+        "no rule applies; forwarded unchanged".to_string()
+    } else {
+        t.rules
+            .iter()
+            .map(|l| esc(l))
+            .collect::<Vec<_>>()
+            .join("<br>")
+    };
+    let mut res = String::new();
+    if t.keep_original {
+        res.push_str("original kept too<br>");
+    }
+    for x in &t.results {
+        if x.copy {
+            res.push_str("copy: ");
+        }
+        match (&x.output, &x.dropped) {
+            (Some(o), _) => {
+                let _ = write!(res, "<code>{}</code>", esc(o));
+                if let Some(s) = &x.scale {
+                    let _ = write!(res, " ({})", esc(s));
+                }
+            }
+            (None, Some(d)) => {
+                let _ = write!(res, "<span class=\"bad\">dropped ({})</span>", esc(d));
+            }
+            (None, None) => {}
+        }
+        res.push_str("<br>");
+    }
+    (rules, res)
 }
 
 /// The boundary of a `multipart/form-data` body.

@@ -294,40 +294,7 @@ async fn page_handler(ui: Arc<Ui>, query: String) -> Response {
             .and_then(|(d, t)| d.trace.get(t));
         let (rules, leaves) = match trace {
             None => (String::from("-"), String::from("-")),
-            Some(t) => {
-                let rules = if t.rules.is_empty() {
-                    "no rule applies; forwarded unchanged".to_string()
-                } else {
-                    t.rules
-                        .iter()
-                        .map(|l| esc(l))
-                        .collect::<Vec<_>>()
-                        .join("<br>")
-                };
-                let mut res = String::new();
-                if t.keep_original {
-                    res.push_str("original kept too<br>");
-                }
-                for x in &t.results {
-                    if x.copy {
-                        res.push_str("copy: ");
-                    }
-                    match (&x.output, &x.dropped) {
-                        (Some(o), _) => {
-                            let _ = write!(res, "<code>{}</code>", esc(o));
-                            if let Some(s) = &x.scale {
-                                let _ = write!(res, " ({})", esc(s));
-                            }
-                        }
-                        (None, Some(d)) => {
-                            let _ = write!(res, "<span class=\"bad\">dropped ({})</span>", esc(d));
-                        }
-                        (None, None) => {}
-                    }
-                    res.push_str("<br>");
-                }
-                (rules, res)
-            }
+            Some(t) => super::pages::trace_cells(t),
         };
         let secs = s.arrived_ms.rem_euclid(86_400_000);
         let _ = write!(
