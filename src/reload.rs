@@ -167,22 +167,13 @@ impl Reloader {
     /// `promnorm_config_last_reload_*` gauges and logs either way.
     pub async fn reload(&self) -> Result<(), ReloadError> {
         let mut current = self.current.lock().await;
-        // Gauges first, then the log line: whoever reads the line sees the gauges.
         match self.replace(&mut current).await {
             Ok(kept) => {
-                telemetry::config_loaded(true);
-                tracing::info!(
-                    derived_state_kept = kept.derived_state,
-                    backends_kept = kept.backends,
-                    "configuration reloaded"
-                );
+                telemetry::config_reloaded(kept.derived_state, kept.backends);
                 Ok(())
             }
             Err(e) => {
-                telemetry::config_loaded(false);
-                tracing::error!(
-                    "configuration reload failed; the running configuration stays: {e}"
-                );
+                telemetry::config_reload_failed(&e);
                 Err(ReloadError::Refused(e))
             }
         }

@@ -627,6 +627,55 @@ pub fn backend_protocol_fallback(backend: &str) {
     metrics::gauge!(BACKEND_V1_FALLBACK, "backend" => backend.to_string()).set(1.0);
 }
 
+// Events that are both logged and counted: one emitter each, so a site cannot do one
+// and forget the other (gauges first, then the line: whoever reads it sees the gauges).
+
+/// A reload replaced the running configuration.
+pub fn config_reloaded(derived_state_kept: bool, backends_kept: usize) {
+    config_loaded(true);
+    tracing::info!(derived_state_kept, backends_kept, "configuration reloaded");
+}
+
+/// A reload was refused; the running configuration stays.
+pub fn config_reload_failed(why: &dyn std::fmt::Display) {
+    config_loaded(false);
+    tracing::error!("configuration reload failed; the running configuration stays: {why}");
+}
+
+/// A `protocol: auto` backend showed it speaks only 1.0 (`why`); it gets 1.0 from now on.
+pub fn backend_fell_back_to_v1(backend: &str, why: &str) {
+    backend_protocol_fallback(backend);
+    tracing::warn!(
+        backend = %backend,
+        "backend speaks only remote-write 1.0 ({why}); sending it 1.0 from now on"
+    );
+}
+
+/// A memory queue still held `requests` (`samples`) when `shutdown_timeout` ran out.
+pub fn memory_queue_lost_at_shutdown(backend: &str, requests: u64, samples: u64) {
+    samples_dropped_at("shutdown", backend, samples);
+    tracing::error!(
+        backend = %backend,
+        requests,
+        samples,
+        "memory queue not drained before shutdown_timeout: its samples are lost"
+    );
+}
+
+/// Damaged disk-queue records were skipped (`samples` counted where a record's header
+/// survived).
+pub fn queue_corrupt_skipped(backend: &str, records: u64, samples: u64, bytes: u64) {
+    queue_corrupt(backend, records);
+    samples_dropped_at("queue_corrupt", backend, samples);
+    tracing::error!(
+        backend = %backend,
+        records,
+        samples,
+        bytes,
+        "damaged queue data skipped (samples counted when the record's header survived)"
+    );
+}
+
 static LAST_LOAD: std::sync::Mutex<Option<(bool, std::time::SystemTime)>> =
     std::sync::Mutex::new(None);
 

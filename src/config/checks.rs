@@ -308,7 +308,7 @@ impl Config {
 
     /// Loads what `serve` will load for `server.tls`; errors name the file's position.
     fn check_server_tls(&self, tls: &ServerTlsConfig) -> Result<(), ConfigError> {
-        let at = |key: &str, p: &Path, e: String| {
+        let at = |key: &str, p: &Path, e: crate::pem::PemError| {
             self.invalid_at(
                 key,
                 &p.display().to_string(),

@@ -340,11 +340,7 @@ impl HttpBackend {
             _ => return outcome,
         };
         if !self.fell_back.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                backend = %self.settings.name,
-                "backend speaks only remote-write 1.0 ({why}); sending it 1.0 from now on"
-            );
-            crate::telemetry::backend_protocol_fallback(&self.settings.name);
+            crate::telemetry::backend_fell_back_to_v1(&self.settings.name, why);
         }
         self.send_inner(v1, incoming).await.0
     }

@@ -734,7 +734,7 @@ pub enum BackendError {
     #[error("a credential is not a valid header value")]
     Credential,
     #[error("tls: {0}")]
-    Tls(String),
+    Tls(rustls::Error),
     #[error("ca_file {file}: {reason}")]
     CaFile { file: String, reason: String },
 }

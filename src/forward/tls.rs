@@ -12,7 +12,7 @@ pub fn client_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, BackendEr
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| BackendError::Tls(e.to_string()))?;
+        .map_err(BackendError::Tls)?;
     if tls.insecure_skip_verify {
         return Ok(builder
             .dangerous()

@@ -16,9 +16,34 @@ pub struct TlsFiles {
     pub client_ca_file: Option<PathBuf>,
 }
 
+/// Why the server's TLS configuration cannot be built from its files.
 #[derive(Debug, thiserror::Error)]
-#[error("server TLS: {0}")]
-pub struct TlsError(String);
+pub enum TlsError {
+    #[error("server TLS: {0}")]
+    Pem(#[from] crate::pem::PemError),
+    #[error("server TLS: {0}")]
+    Rustls(rustls::Error),
+    #[error("server TLS: {file}: {source}")]
+    ClientCa {
+        file: String,
+        source: RustlsOrVerifier,
+    },
+    #[error("server TLS: {cert} and {key}: {source}")]
+    Pair {
+        cert: String,
+        key: String,
+        source: rustls::Error,
+    },
+}
+
+/// The two ways a client CA can be refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RustlsOrVerifier {
+    #[error("{0}")]
+    Rustls(rustls::Error),
+    #[error("{0}")]
+    Verifier(rustls::server::VerifierBuilderError),
+}
 
 /// How often the files' modification times are looked at (on a handshake).
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -99,38 +124,41 @@ fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
 }
 
 fn build(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
-    let certs: Vec<CertificateDer<'static>> =
-        crate::pem::read_certs(&files.cert_file).map_err(TlsError)?;
-    let key: PrivateKeyDer<'static> = crate::pem::read_key(&files.key_file).map_err(TlsError)?;
+    let certs: Vec<CertificateDer<'static>> = crate::pem::read_certs(&files.cert_file)?;
+    let key: PrivateKeyDer<'static> = crate::pem::read_key(&files.key_file)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError(e.to_string()))?;
+        .map_err(TlsError::Rustls)?;
     let builder = match &files.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in crate::pem::read_certs(ca).map_err(TlsError)? {
+            let refused = |source| TlsError::ClientCa {
+                file: ca.display().to_string(),
+                source,
+            };
+            for c in crate::pem::read_certs(ca)? {
                 roots
                     .add(c)
-                    .map_err(|e| TlsError(format!("{}: {e}", ca.display())))?;
+                    .map_err(|e| refused(RustlsOrVerifier::Rustls(e)))?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
             )
             .build()
-            .map_err(|e| TlsError(format!("{}: {e}", ca.display())))?;
+            .map_err(|e| refused(RustlsOrVerifier::Verifier(e)))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-        TlsError(format!(
-            "{} and {}: {e}",
-            files.cert_file.display(),
-            files.key_file.display()
-        ))
-    })?;
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|source| TlsError::Pair {
+            cert: files.cert_file.display().to_string(),
+            key: files.key_file.display().to_string(),
+            source,
+        })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -156,8 +156,7 @@ impl Halted {
         if left > 0 {
             match &self.opts.kind {
                 QueueKind::Memory => {
-                    telemetry::samples_dropped_at("shutdown", &self.name, samples);
-                    tracing::error!(backend = %self.name, requests = left, samples, "memory queue not drained before shutdown_timeout: its samples are lost");
+                    telemetry::memory_queue_lost_at_shutdown(&self.name, left, samples);
                 }
                 QueueKind::Disk { dir, .. } => {
                     tracing::info!(backend = %self.name, requests = left, dir = %dir.display(), "left in the disk queue; sent by the next disk queue that opens this directory");
@@ -298,8 +297,12 @@ impl Queue {
                 let front = st.store.front();
                 let corrupt = st.store.take_corrupt();
                 if !corrupt.is_empty() {
-                    telemetry::queue_corrupt(&from.name, corrupt.records);
-                    telemetry::samples_dropped_at("queue_corrupt", &from.name, corrupt.samples);
+                    telemetry::queue_corrupt_skipped(
+                        &from.name,
+                        corrupt.records,
+                        corrupt.samples,
+                        corrupt.bytes,
+                    );
                 }
                 let rec = match front {
                     Ok(Some(r)) => r,
@@ -945,14 +948,11 @@ async fn drain_shard(
             }
             let corrupt = st.store.take_corrupt();
             if !corrupt.is_empty() {
-                telemetry::queue_corrupt(&name, corrupt.records);
-                telemetry::samples_dropped_at("queue_corrupt", &name, corrupt.samples);
-                tracing::error!(
-                    backend = %name,
-                    records = corrupt.records,
-                    samples = corrupt.samples,
-                    bytes = corrupt.bytes,
-                    "damaged queue data skipped (samples counted when the record's header survived)"
+                telemetry::queue_corrupt_skipped(
+                    &name,
+                    corrupt.records,
+                    corrupt.samples,
+                    corrupt.bytes,
                 );
             }
             st.in_flight = matches!(f, Ok(Some(_)));
