@@ -29,6 +29,10 @@ pub const MAX_TAP_DURATION: Duration = Duration::from_secs(120);
 pub const SAMPLES_PER_SERIES: usize = 3;
 /// Requests are looked at no more often than this while a tap is open.
 pub const MIN_GAP: Duration = Duration::from_millis(100);
+/// Requests larger than this once decompressed are passed over: a look decompresses and
+/// may decode its request on the side, outside the overload budget, so its size is bounded
+/// here (and one look runs at a time).
+pub const MAX_LOOK_DECODED_BYTES: usize = 4 << 20;
 
 /// What a tap matches: a metric name (or a histogram/summary family name: its
 /// `_bucket`, `_sum`, `_count` series too) and `=` label matchers.
@@ -83,6 +87,8 @@ pub struct TapResult {
 }
 
 struct Capture {
+    /// The session that opened it: an older session's drop must not close a newer tap.
+    id: u64,
     matcher: TapMatch,
     limit: usize,
     bytes: usize,
@@ -97,6 +103,9 @@ pub struct Tap {
     base: Instant,
     capture: Mutex<Option<Capture>>,
     filled: tokio::sync::Notify,
+    /// A look is running (one at a time).
+    looking: AtomicBool,
+    next_id: AtomicU64,
 }
 
 impl Default for Tap {
@@ -107,6 +116,8 @@ impl Default for Tap {
             base: Instant::now(),
             capture: Mutex::new(None),
             filled: tokio::sync::Notify::new(),
+            looking: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
         }
     }
 }
@@ -132,7 +143,9 @@ impl Tap {
         if guard.is_some() {
             return Err(TapBusy);
         }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         *guard = Some(Capture {
+            id,
             matcher: m,
             limit: limit.clamp(1, MAX_TAP_SERIES),
             bytes: 0,
@@ -140,7 +153,7 @@ impl Tap {
         });
         self.next_look_ms.store(0, Ordering::Relaxed);
         self.open.store(true, Ordering::Release);
-        Ok(TapSession { tap: self })
+        Ok(TapSession { tap: self, id })
     }
 
     /// Whether a tap is open.
@@ -165,34 +178,61 @@ impl Tap {
         {
             return;
         }
+        // One look at a time: its side copies are all the memory a tap uses beyond what
+        // it keeps, so they are bounded by one request of MAX_LOOK_DECODED_BYTES.
+        if self.looking.swap(true, Ordering::Acquire) {
+            return;
+        }
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&self.looking);
+        let (id, matcher) = {
+            let Ok(mut guard) = self.capture.lock() else {
+                return;
+            };
+            let Some(cap) = guard.as_mut() else {
+                return;
+            };
+            cap.result.requests_examined += 1;
+            (cap.id, cap.matcher.clone())
+        };
         let mut raw = Vec::new();
         let mut dec = snap::raw::Decoder::new();
-        let Ok(n) = crate::wire::snappy::decompress_into(&mut dec, body, max_decoded, &mut raw)
-        else {
+        // Over the bound, snappy's declared length refuses it before anything is allocated.
+        let max = max_decoded.min(MAX_LOOK_DECODED_BYTES);
+        let Ok(n) = crate::wire::snappy::decompress_into(&mut dec, body, max, &mut raw) else {
             return;
         };
         let raw = &raw[..n];
-        let arrived_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let Ok(mut guard) = self.capture.lock() else {
-            return;
-        };
-        let Some(cap) = guard.as_mut() else {
-            return;
-        };
-        cap.result.requests_examined += 1;
         // Every matching series carries the tap's name (or a suffixed form of it) as a
         // label value, in 1.0 and 2.0 alike: a request without those bytes holds no
         // match, and most requests are passed over here without a decode.
-        if memchr::memmem::find(raw, cap.matcher.name.as_bytes()).is_none() {
+        if memchr::memmem::find(raw, matcher.name.as_bytes()).is_none() {
             return;
         }
-        match protocol {
-            InputProtocol::V1 => {
-                let Ok(req) = pb::WriteRequest::decode(raw) else {
-                    return;
-                };
+        let arrived_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        // Decoded without the lock; only the copying of matches holds it.
+        let decoded = match protocol {
+            InputProtocol::V1 => pb::WriteRequest::decode(raw).map(Decoded::V1),
+            InputProtocol::V2 => write_v2::Request::decode(raw).map(Decoded::V2),
+        };
+        let Ok(decoded) = decoded else {
+            return;
+        };
+        let Ok(mut guard) = self.capture.lock() else {
+            return;
+        };
+        let Some(cap) = guard.as_mut().filter(|c| c.id == id) else {
+            return;
+        };
+        match &decoded {
+            Decoded::V1(req) => {
                 for ts in &req.timeseries {
                     let labels: Vec<(&str, &str)> = ts
                         .labels
@@ -205,10 +245,7 @@ impl Tap {
                     }
                 }
             }
-            InputProtocol::V2 => {
-                let Ok(req) = write_v2::Request::decode(raw) else {
-                    return;
-                };
+            Decoded::V2(req) => {
                 let sym = |i: &u32| req.symbols.get(*i as usize).map_or("", String::as_str);
                 for ts in &req.timeseries {
                     let labels: Vec<(&str, &str)> = ts
@@ -223,12 +260,18 @@ impl Tap {
                 }
             }
         }
-        if cap.result.series.len() >= cap.limit {
+        if cap.result.series.len() >= cap.limit && !cap.result.filled {
             cap.result.filled = true;
             self.open.store(false, Ordering::Relaxed);
             self.filled.notify_one();
         }
     }
+}
+
+/// A looked-at request, decoded on the side.
+enum Decoded {
+    V1(pb::WriteRequest),
+    V2(write_v2::Request),
 }
 
 impl Capture {
@@ -241,6 +284,10 @@ impl Capture {
         protocol: &'static str,
         arrived_ms: i64,
     ) -> bool {
+        // Full already (a look that began before another filled it adds nothing).
+        if self.result.series.len() >= self.limit {
+            return true;
+        }
         if !self.matcher.matches(labels) {
             return false;
         }
@@ -272,6 +319,7 @@ impl Capture {
 /// An open tap; dropping it closes the tap (a client that goes away frees it).
 pub struct TapSession<'a> {
     tap: &'a Tap,
+    id: u64,
 }
 
 impl TapSession<'_> {
@@ -292,20 +340,24 @@ impl TapSession<'_> {
     }
 
     fn take(&self) -> TapResult {
-        self.tap.open.store(false, Ordering::Relaxed);
-        match self.tap.capture.lock() {
-            Ok(mut g) => g.take().map(|c| c.result).unwrap_or_default(),
-            Err(_) => TapResult::default(),
+        self.close().unwrap_or_default()
+    }
+
+    /// Closes the tap if it is still this session's, and returns what it captured.
+    fn close(&self) -> Option<TapResult> {
+        let mut g = self.tap.capture.lock().ok()?;
+        if g.as_ref().is_none_or(|c| c.id != self.id) {
+            return None;
         }
+        self.tap.open.store(false, Ordering::Relaxed);
+        g.take().map(|c| c.result)
     }
 }
 
 impl Drop for TapSession<'_> {
     fn drop(&mut self) {
-        self.tap.open.store(false, Ordering::Relaxed);
-        if let Ok(mut g) = self.tap.capture.lock() {
-            *g = None;
-        }
+        // A newer session's tap (opened after `wait` took this one's) stays open.
+        self.close();
     }
 }
 
@@ -413,5 +465,46 @@ mod tests {
         assert_eq!(c.result.series.len(), 2, "the second big one does not fit");
         assert_eq!(c.result.over_bytes, 1);
         assert!(c.bytes <= MAX_TAP_BYTES);
+    }
+
+    /// Review finding: `wait` took the capture, a new tap opened, then the old session
+    /// was dropped and closed the new one.
+    #[test]
+    fn an_old_session_does_not_close_a_newer_tap() {
+        let tap = Tap::default();
+        let old = tap.open(m("a", &[]), 5).unwrap();
+        let _ = old.take();
+        let new = tap.open(m("b", &[]), 5).unwrap();
+        drop(old);
+        assert!(tap.is_open(), "the newer tap stays open");
+        assert!(tap.capture.lock().unwrap().is_some());
+        drop(new);
+        assert!(!tap.is_open());
+    }
+
+    /// Review finding: a look that began before another filled the tap added one more.
+    #[test]
+    fn a_full_capture_takes_no_more() {
+        let tap = Tap::default();
+        let _s = tap.open(m("a", &[]), 1).unwrap();
+        let mut g = tap.capture.lock().unwrap();
+        let c = g.as_mut().unwrap();
+        let labels = [("__name__", "a"), ("pod", "p")];
+        assert!(c.add(&labels, [(1.0, 1)].into_iter(), 0, "1.0", 0));
+        assert!(c.add(&labels, [(2.0, 2)].into_iter(), 0, "1.0", 0));
+        assert_eq!(c.result.series.len(), 1);
+    }
+
+    /// Review finding: a look's side copies were bounded only by `max_decoded_bytes`.
+    #[test]
+    fn requests_over_the_look_bound_are_passed_over() {
+        let tap = Tap::default();
+        let _s = tap.open(m("a", &[]), 5).unwrap();
+        let big = "x".repeat(MAX_LOOK_DECODED_BYTES);
+        tap.look(&body_v1(&[("a", &big, 1.0)]), InputProtocol::V1, 64 << 20);
+        let g = tap.capture.lock().unwrap();
+        let c = g.as_ref().unwrap();
+        assert_eq!(c.result.requests_examined, 1);
+        assert!(c.result.series.is_empty(), "not decoded");
     }
 }
