@@ -79,12 +79,18 @@ fn html_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// `dir`, emptied (what an earlier run left is removed) and created.
+fn fresh_dir(dir: &Path) -> std::path::PathBuf {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    dir.to_path_buf()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pages_render_in_chromium_against_a_real_serve() {
     let Some(chrome) = chromium() else { return };
-    let tmp = std::env::temp_dir().join(format!("promnorm-e2e-ui-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp =
+        fresh_dir(&std::env::temp_dir().join(format!("promnorm-e2e-ui-{}", std::process::id())));
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
 
@@ -203,9 +209,9 @@ async fn the_pages_render_in_chromium_against_a_real_serve() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pages_work_under_a_route_prefix_in_chromium() {
     let Some(chrome) = chromium() else { return };
-    let tmp = std::env::temp_dir().join(format!("promnorm-e2e-ui-prefix-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = fresh_dir(
+        &std::env::temp_dir().join(format!("promnorm-e2e-ui-prefix-{}", std::process::id())),
+    );
     let mut p = promnorm_serve(&tmp, |port| {
         format!(
             "listen: 127.0.0.1:{port}\nbackends:\n  - url: http://127.0.0.1:1/api/v1/write\n\
@@ -492,9 +498,8 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
     let Some(driver_bin) = chromedriver() else {
         return;
     };
-    let tmp = std::env::temp_dir().join(format!("promnorm-e2e-wd-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp =
+        fresh_dir(&std::env::temp_dir().join(format!("promnorm-e2e-wd-{}", std::process::id())));
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-webdriver");
     std::fs::create_dir_all(&shots).unwrap();
 

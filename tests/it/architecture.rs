@@ -169,24 +169,38 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-#[test]
-fn no_stage_reaches_back_and_config_imports_no_stage() {
+/// Every `.rs` file under `src/`: its path relative to `src/`, and its text.
+fn src_files() -> Vec<(std::path::PathBuf, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
+    files
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(&src).unwrap().to_path_buf();
+            (rel, std::fs::read_to_string(f).unwrap())
+        })
+        .collect()
+}
+
+/// The crate's top-level module a file under `src/` belongs to (`forward` for
+/// `forward/queue/mod.rs`, `app` for `app.rs`).
+fn top_module(rel: &Path) -> String {
+    rel.components()
+        .next()
+        .and_then(|c| c.as_os_str().to_str())
+        .map(|m| m.trim_end_matches(".rs").to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn no_stage_reaches_back_and_config_imports_no_stage() {
     let mut violations = Vec::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
-        let module = rel
-            .components()
-            .next()
-            .and_then(|c| c.as_os_str().to_str())
-            .map(|m| m.trim_end_matches(".rs").to_string())
-            .unwrap_or_default();
+    for (rel, text) in src_files() {
+        let module = top_module(&rel);
         let Some((_, forbidden)) = FORBIDDEN.iter().find(|(m, _)| *m == module) else {
             continue;
         };
-        let text = std::fs::read_to_string(f).unwrap();
         for used in imports(&text) {
             if forbidden.contains(&used.as_str()) {
                 violations.push(format!("{} imports crate::{used}", rel.display()));
@@ -198,19 +212,9 @@ fn no_stage_reaches_back_and_config_imports_no_stage() {
 
 /// Top-level module → the crate's modules it imports.
 fn import_graph() -> std::collections::BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
     let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
-        let module = rel
-            .components()
-            .next()
-            .and_then(|c| c.as_os_str().to_str())
-            .map(|m| m.trim_end_matches(".rs").to_string())
-            .unwrap_or_default();
-        let text = std::fs::read_to_string(f).unwrap();
+    for (rel, text) in src_files() {
+        let module = top_module(&rel);
         let out = graph.entry(module.clone()).or_default();
         out.extend(imports(&text).into_iter().filter(|m| *m != module));
     }
@@ -314,16 +318,11 @@ fn every_mapping_file_is_a_built_in_pack() {
 /// binaries too).
 #[test]
 fn unsafe_code_and_libc_live_in_sys_only() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
     let mut violations = Vec::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
+    for (rel, text) in src_files() {
         if rel == Path::new("sys.rs") {
             continue;
         }
-        let text = std::fs::read_to_string(f).unwrap();
         for (i, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             let unsafe_block = code.contains("unsafe ") || code.contains("unsafe{");
@@ -337,7 +336,8 @@ fn unsafe_code_and_libc_live_in_sys_only() {
         "outside src/sys.rs:\n{}",
         violations.join("\n")
     );
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
     assert!(
         lib.contains("#![deny(unsafe_code)]"),
         "lib.rs denies unsafe code"
@@ -348,16 +348,11 @@ fn unsafe_code_and_libc_live_in_sys_only() {
 /// nothing the proxy runs imports it, so `--no-default-features` drops it whole.
 #[test]
 fn only_the_tools_import_the_testkit() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
     let mut violations = Vec::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
+    for (rel, text) in src_files() {
         if rel.starts_with("testkit") || rel.starts_with("bin") || rel == Path::new("lib.rs") {
             continue;
         }
-        let text = std::fs::read_to_string(f).unwrap();
         if imports(&text).contains("testkit") || text.contains("promnorm::testkit") {
             violations.push(rel.display().to_string());
         }
