@@ -56,6 +56,8 @@ for _ in $(seq "$RUNS"); do
   promnorm_case promnorm-all-packs-rw2 bench/all-packs.yaml --proto 2
   promnorm_queue_case promnorm-all-packs-memory-queue bench/all-packs-memory-queue.yaml
   promnorm_queue_case promnorm-all-packs-disk-queue bench/all-packs-disk-queue.yaml
+  promnorm_queue_case promnorm-all-packs-rw2-out bench/all-packs-rw2-out.yaml
+  promnorm_queue_case promnorm-all-packs-tenancy bench/all-packs-tenancy.yaml
   case_run vmagent-passthrough "${vmagent_in[@]}" --sut-cmd "$VMAGENT $vmagent_cmd"
   promnorm_case promnorm-passthrough bench/passthrough.yaml
 done

@@ -38,12 +38,18 @@ pub struct Workspace {
     pub decoded: DecodedRequest,
     pub mapper: Mapper,
     pub encoded: Vec<u8>,
+    /// Compression output; its length stays at the largest ever needed, so that
+    /// compressing never zero-fills it again (only `compressed_len` bytes are the body).
     compressed: Vec<u8>,
     compressed_len: usize,
-    /// `compressed` holds the request's own 1.0 body (copied by `decode_as`): when the
-    /// mapped output is byte for byte the decompressed input, that body is the output
-    /// and is not compressed again.
-    compressed_is_input: bool,
+    /// The request's own 1.0 body (copied by `decode_as`): when the mapped output is byte
+    /// for byte the decompressed input, that body is the output and is not compressed
+    /// again.
+    input_body: Vec<u8>,
+    /// `input_body` holds this request's body (set by `decode_as`).
+    has_input_body: bool,
+    /// The 1.0 output is `input_body`, not `compressed`.
+    output_is_input: bool,
     derive_scratch: DeriveScratch,
     /// The 1.0 body without 2.0's start timestamps, when the request had some.
     plain: Vec<u8>,
@@ -92,6 +98,7 @@ impl Workspace {
             .capacity()
             .max(self.encoded.capacity())
             .max(self.compressed.capacity())
+            .max(self.input_body.capacity())
             .max(self.v2_raw.capacity())
             .max(self.plain.capacity())
             .max(self.classic.capacity())
@@ -104,7 +111,11 @@ impl Workspace {
         RouteInput {
             mapped: &self.encoded,
             has_start_timestamps: self.decoded.has_start_timestamps,
-            v1: (!self.skip_v1_body).then_some(&self.compressed[..self.compressed_len]),
+            v1: (!self.skip_v1_body).then_some(if self.output_is_input {
+                &self.input_body[..]
+            } else {
+                &self.compressed[..self.compressed_len]
+            }),
             split: &mut self.tenant_split,
             bodies: &mut self.bodies,
             classic: (self.unrolled.histograms > 0).then_some((&self.classic[..], self.unrolled)),
@@ -113,7 +124,15 @@ impl Workspace {
 
     /// The snappy-compressed output of the last [`Pipeline::process`].
     pub fn compressed(&self) -> &[u8] {
-        &self.compressed[..self.compressed_len]
+        self.compressed_v1()
+    }
+
+    fn compressed_v1(&self) -> &[u8] {
+        if self.output_is_input {
+            &self.input_body
+        } else {
+            &self.compressed[..self.compressed_len]
+        }
     }
 
     /// The snappy-compressed 2.0 output of the last [`Pipeline::encode_v2`].
@@ -276,14 +295,15 @@ impl Pipeline {
         protocol: InputProtocol,
     ) -> Result<usize, DecodeError> {
         let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
-        ws.compressed_is_input = false;
+        ws.has_input_body = false;
+        ws.output_is_input = false;
         ws.raw_len =
             snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
         if protocol == InputProtocol::V1 && !ws.skip_v1_body {
             // A copy of the compressed body is a few percent of compressing it again.
-            ws.compressed.clear();
-            ws.compressed.extend_from_slice(body);
-            ws.compressed_is_input = true;
+            ws.input_body.clear();
+            ws.input_body.extend_from_slice(body);
+            ws.has_input_body = true;
         }
         self.decode_raw(ws, protocol)
     }
@@ -303,7 +323,8 @@ impl Pipeline {
         ws.raw.clear();
         ws.raw.extend_from_slice(raw);
         ws.raw_len = raw.len();
-        ws.compressed_is_input = false;
+        ws.has_input_body = false;
+        ws.output_is_input = false;
         self.run(ws, protocol)
     }
 
@@ -347,12 +368,13 @@ impl Pipeline {
                     .unroll(&ws.encoded, &mut ws.classic, self.limits.max_decoded_bytes)?;
         }
         ws.compressed_len = 0;
-        let unchanged = ws.compressed_is_input && ws.encoded[..] == ws.raw[..ws.raw_len];
-        ws.compressed_is_input = false;
+        let unchanged = ws.has_input_body && ws.encoded[..] == ws.raw[..ws.raw_len];
+        ws.has_input_body = false;
+        ws.output_is_input = false;
         if unchanged && !ws.skip_v1_body {
             // No rule touched the request (every series and metadata entry copied as it
             // came, in order): its own compressed body decompresses to the output.
-            ws.compressed_len = ws.compressed.len();
+            ws.output_is_input = true;
         } else if !ws.skip_v1_body {
             let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
             // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field

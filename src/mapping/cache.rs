@@ -45,6 +45,11 @@ impl<V: Clone> NameCache<V> {
         self.map.insert(name.into(), value);
     }
 
+    /// Forgets every name (keeps the memory).
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -9,6 +9,18 @@ impl Mapper {
     pub(super) fn finish_labels(&mut self, buf: &[u8]) {
         let mut work = std::mem::take(&mut self.work);
         work.retain(|l| !self.str_bytes(l.value, buf).is_empty());
+        // Most series keep their (sorted) input order: names strictly ascending need
+        // neither the sort nor the duplicate pass.
+        let ascending = work.windows(2).all(|w| {
+            crate::wire::decode::name_less(
+                self.str_bytes(w[0].name, buf),
+                self.str_bytes(w[1].name, buf),
+            )
+        });
+        if ascending {
+            self.work = work;
+            return;
+        }
         work.sort_by(|a, b| {
             self.str_bytes(a.name, buf)
                 .cmp(self.str_bytes(b.name, buf))
@@ -23,10 +35,11 @@ impl Mapper {
     pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
         let mut h = self.hasher.build_hasher();
         for l in &self.work {
-            h.write(self.str_bytes(l.name, buf));
-            h.write_u8(0xff);
-            h.write(self.str_bytes(l.value, buf));
-            h.write_u8(0xfe);
+            let (name, value) = (self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
+            // Both lengths in one word keep `a="bc"` and `ab="c"` apart.
+            h.write_u64(((name.len() as u64) << 32) | value.len() as u64);
+            h.write(name);
+            h.write(value);
         }
         h.finish()
     }

@@ -55,6 +55,8 @@ impl Mapper {
         {
             self.counters_version = v;
             self.counters_seen = snap;
+            // Names resolved before may now take the `_total` fix.
+            self.resolved.clear();
         }
     }
 

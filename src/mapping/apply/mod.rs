@@ -25,7 +25,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ahash::{AHashMap, AHashSet};
+use ahash::AHashSet;
 
 use super::cache::NameCache;
 use super::compile::{
@@ -66,9 +66,14 @@ pub struct Mapper {
     hist_arena: Vec<u8>,
     native: crate::wire::histogram::NativeHistogram,
     native_scratch: Vec<(i64, f64)>,
-    index: AHashMap<u64, u32>,
+    /// Label-set hash → first output series with it (a chain through `next_same_hash`).
+    index: std::collections::HashMap<u64, u32, PreHashed>,
+    /// Seeded per mapper: a sender cannot aim collisions at the merge index.
     hasher: ahash::RandomState,
-    plan_cache: NameCache<Option<Arc<Plan>>>,
+    /// Every name's resolution (exact table, prefix/regex plan, learnt `_total` fix)
+    /// once computed: one hash lookup per name; emptied when the learnt counter
+    /// families change. A mapper lives no longer than its [`Rules`] (one pipeline).
+    resolved: NameCache<Option<Resolved>>,
     meta_cache: NameCache<Option<Arc<MetadataPlan>>>,
     /// A rescaled family's restated HELP text, reused across entries.
     help_buf: Vec<u8>,
@@ -108,10 +113,21 @@ impl Mapper {
         if let Some(cf) = ctx.counters {
             self.refresh_counters(cf);
         }
+        // Senders write a family's series one after another (a scrape's order): a series
+        // named like the one before reuses its resolution, no hash, no lookup.
+        let mut last: Option<(&[u8], Option<Resolved>)> = None;
         for s in &req.series {
-            let name = s.name.str(buf);
-            let resolution = match self.resolve(rules, name) {
-                None if ctx.counters.is_some() => self.series_total_fix(s, name),
+            let name_bytes = s.name.bytes(buf);
+            let resolved = match &last {
+                Some((prev, r)) if *prev == name_bytes => r.clone(),
+                _ => {
+                    let r = self.resolve(rules, s.name.str(buf));
+                    last = Some((name_bytes, r.clone()));
+                    r
+                }
+            };
+            let resolution = match resolved {
+                None if ctx.counters.is_some() => self.series_total_fix(s, s.name.str(buf)),
                 r => r,
             };
             match resolution {
@@ -165,19 +181,26 @@ impl Mapper {
         }
     }
 
+    /// What the rules do with series named `name`: memoised per name.
     fn resolve(&mut self, rules: &Rules, name: &str) -> Option<Resolved> {
+        if let Some(r) = self.resolved.get(name) {
+            return r.clone();
+        }
+        let r = self.resolve_uncached(rules, name);
+        self.resolved.insert(name, r.clone());
+        r
+    }
+
+    fn resolve_uncached(&mut self, rules: &Rules, name: &str) -> Option<Resolved> {
         match rules.lookup(name) {
             Some(Resolution::Plan(p)) => return Some(Resolved::Plan(p.clone())),
             Some(Resolution::OutputName) => return Some(Resolved::OutputName),
             None => {}
         }
-        if rules.needs_pattern_lookup() {
-            let plan = self
-                .plan_cache
-                .get_or_insert_with(name, || rules.plan_for(name).map(Arc::new));
-            if plan.is_some() {
-                return plan.map(Resolved::Plan);
-            }
+        if rules.needs_pattern_lookup()
+            && let Some(plan) = rules.plan_for(name)
+        {
+            return Some(Resolved::Plan(Arc::new(plan)));
         }
         self.total_fix(name)
     }
@@ -346,6 +369,35 @@ impl Mapper {
     }
 }
 
+/// The merge index's keys are seeded hashes already: used as they are.
+#[derive(Clone, Copy, Default)]
+struct PreHashed;
+
+impl BuildHasher for PreHashed {
+    type Hasher = PreHashedKey;
+    fn build_hasher(&self) -> PreHashedKey {
+        PreHashedKey(0)
+    }
+}
+
+struct PreHashedKey(u64);
+
+impl Hasher for PreHashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); any other key still hashes.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone)]
 enum Resolved {
     Plan(Arc<Plan>),
     OutputName,
