@@ -28,6 +28,7 @@ vmagent_in=(--ready-path /health
 vmagent_cmd="-httpListenAddr=127.0.0.1:{port} -remoteWrite.url={sink_url} -remoteWrite.tmpDataPath={tmp}/vmagent-data -loggerLevel=WARN"
 
 want() { [[ -z ${CASES:-} || " $CASES " == *" $1 "* ]]; }
+VMAGENT=${VMAGENT:-}
 if want vmagent-relabel || want vmagent-passthrough; then need_vmagent; fi
 
 case_run() { # name extra-args...

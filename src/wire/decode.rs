@@ -782,6 +782,23 @@ pub fn name_less(a: &[u8], b: &[u8]) -> bool {
     a.len() < b.len()
 }
 
+/// The order of label names ([`name_less`]'s), as an `Ordering`, without `memcmp`.
+#[inline(always)]
+pub fn name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            return x.cmp(y);
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// `a == b` for label names and values: short, so a loop, where `==` calls `memcmp`.
+#[inline(always)]
+pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// `name == "__name__"`, without a call to `memcmp`.
 #[inline(always)]
 pub fn is_metric_name(name: &[u8]) -> bool {
@@ -978,6 +995,16 @@ mod tests {
         assert!(!name_less(b"gpu", b"gpu"));
         assert!(name_less(b"__name__", b"instance"));
         assert!(!name_less(b"b", b"a"));
+        for (a, b) in [
+            (&b"gpu"[..], &b"gpu_uuid"[..]),
+            (b"a", b"b"),
+            (b"x", b"x"),
+            (b"", b""),
+        ] {
+            assert_eq!(name_cmp(a, b), a.cmp(b));
+            assert_eq!(name_cmp(b, a), b.cmp(a));
+            assert_eq!(short_eq(a, b), a == b);
+        }
         assert!(is_metric_name(b"__name__"));
         assert!(!is_metric_name(b"instance"));
         assert!(!is_metric_name(b"__name"));

@@ -2,6 +2,7 @@
 //! encoding them in timestamp order.
 
 use super::*;
+use crate::wire::decode::{name_cmp, name_less, short_eq};
 
 impl Mapper {
     /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
@@ -12,7 +13,7 @@ impl Mapper {
         // Most series keep their (sorted) input order: names strictly ascending need
         // neither the sort nor the duplicate pass.
         let ascending = work.windows(2).all(|w| {
-            crate::wire::decode::name_less(
+            name_less(
                 self.str_bytes(w[0].name, buf),
                 self.str_bytes(w[1].name, buf),
             )
@@ -22,12 +23,14 @@ impl Mapper {
             return;
         }
         work.sort_by(|a, b| {
-            self.str_bytes(a.name, buf)
-                .cmp(self.str_bytes(b.name, buf))
+            name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
                 .then(a.renamed.cmp(&b.renamed))
         });
         work.dedup_by(|later, earlier| {
-            self.str_bytes(later.name, buf) == self.str_bytes(earlier.name, buf)
+            short_eq(
+                self.str_bytes(later.name, buf),
+                self.str_bytes(earlier.name, buf),
+            )
         });
         self.work = work;
     }

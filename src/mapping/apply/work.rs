@@ -95,7 +95,7 @@ impl Mapper {
     pub(super) fn find(&self, buf: &[u8], name: &[u8]) -> Option<usize> {
         self.work
             .iter()
-            .position(|l| self.str_bytes(l.name, buf) == name)
+            .position(|l| crate::wire::decode::short_eq(self.str_bytes(l.name, buf), name))
     }
 
     pub(super) fn matches(&self, buf: &[u8], when: &[LabelCond]) -> bool {
