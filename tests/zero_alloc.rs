@@ -13,6 +13,9 @@
 //!   more series as native histograms under rescale rules (NHCB ÷1000, exponential
 //!   ÷1000 re-bucketed, exponential ×2^20 shifted; 20 % of the series), 1.0 and 2.0.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
+//! - `zero_alloc_tenant_split`: tenant routing's split and per-tenant bodies (1.0 and 2.0).
+//! - `queues_allocate_per_request_not_per_sample`: storing a request in a memory or disk
+//!   queue costs the same few allocations for 2,000- and 10,000-sample requests.
 
 use promnorm::app::Assemble;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -421,4 +424,100 @@ fn zero_alloc_tenant_split() {
         allocs, 0,
         "the warm split and its per-tenant encoding allocated"
     );
+}
+
+/// A backend whose answer never comes: the queue's senders hold their first record.
+struct Never;
+
+impl promnorm::forward::Transport for Never {
+    fn name(&self) -> &str {
+        "never"
+    }
+    fn send<'a>(
+        &'a self,
+        _: promnorm::forward::Payload,
+        _: &'a http::HeaderMap,
+    ) -> promnorm::forward::SendFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// Queues: storing a request costs the same few allocations whatever its size, so none
+/// per sample. Memory and disk queues, 2,000- and 10,000-sample requests (the fleet's),
+/// the allocations of `Queue::send` counted on this thread (a current-thread runtime:
+/// the senders do not run while it stores).
+#[test]
+fn queues_allocate_per_request_not_per_sample() {
+    use promnorm::forward::Payload;
+    use promnorm::forward::queue::{Queue, QueueKind, QueueOptions, WhenFull};
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir =
+        std::env::temp_dir().join(format!("promnorm-zero-alloc-queue-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    rt.block_on(async {
+        let kinds = [
+            ("memory", QueueKind::Memory),
+            (
+                "disk",
+                QueueKind::Disk {
+                    dir: dir.clone(),
+                    fsync_interval: Duration::from_secs(1),
+                },
+            ),
+        ];
+        for (kind_name, kind) in kinds {
+            let mut per_request = Vec::new();
+            for (mode, samples) in [(fleet::Mode::Default, 2_000u64), (fleet::Mode::Large, 10_000)] {
+                let bodies = fleet::request_bodies(mode, 40);
+                let q = Queue::new(
+                    Arc::new(Never),
+                    Vec::new(),
+                    None,
+                    Arc::new(promnorm::telemetry::BackendMetrics::new("never")),
+                    QueueOptions {
+                        kind: kind.clone(),
+                        max_bytes: 1 << 30,
+                        max_age: None,
+                        shards: 1,
+                        when_full: WhenFull::Reject,
+                        full_status: http::StatusCode::TOO_MANY_REQUESTS,
+                        first_backoff: Duration::from_secs(60),
+                        max_backoff: Duration::from_secs(60),
+                    },
+                );
+                q.start().expect("queue opens");
+                let headers = http::HeaderMap::new();
+                let payloads: Vec<Payload> = bodies
+                    .iter()
+                    .map(|b| Payload::v1(bytes::Bytes::from(b.clone())).with_samples(samples))
+                    .collect();
+                let (warm, measured) = payloads.split_at(payloads.len() / 2);
+                for p in warm {
+                    assert!(matches!(q.send(p.clone(), &headers), promnorm::forward::Outcome::Queued));
+                }
+                let before = allocations();
+                for p in measured {
+                    assert!(matches!(q.send(p.clone(), &headers), promnorm::forward::Outcome::Queued));
+                }
+                let allocs = allocations() - before;
+                let per = allocs as f64 / measured.len() as f64;
+                eprintln!(
+                    "queues_allocate_per_request_not_per_sample: {kind_name} queue, {samples}-sample requests: {per} allocations per request ({} per sample)",
+                    per / samples as f64
+                );
+                per_request.push(per);
+                q.stop(Duration::ZERO).await;
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            // Five times the samples, not one allocation more per request.
+            assert!(
+                per_request[1] <= per_request[0] && per_request[0] <= 8.0,
+                "{kind_name} queue: {per_request:?} allocations per request"
+            );
+        }
+    });
 }

@@ -89,6 +89,10 @@ enum Cmd {
         mode: ModeArg,
         #[arg(long, default_value_t = 100)]
         count: usize,
+        /// Output protocol: 1 (the 1.0 body) or 2 (the 2.0 body instead, as for a
+        /// backend with `protocol: v2`)
+        #[arg(long, value_enum, default_value = "1")]
+        out: Proto,
     },
 }
 
@@ -194,7 +198,8 @@ fn main() -> anyhow::Result<()> {
             proto,
             mode,
             count,
-        } => pipeline_cost(&config, rounds, proto, mode, count),
+            out,
+        } => pipeline_cost(&config, rounds, (proto, out), mode, count),
         Cmd::Run(args) => {
             pin_self(&args.load_cpu)?;
             runtime()?.block_on(run(*args))
@@ -354,7 +359,7 @@ fn thread_cpu_seconds() -> f64 {
 fn pipeline_cost(
     config: &std::path::Path,
     rounds: usize,
-    proto: Proto,
+    (proto, out): (Proto, Proto),
     mode: ModeArg,
     count: usize,
 ) -> anyhow::Result<()> {
@@ -378,10 +383,14 @@ fn pipeline_cost(
         Proto::V2 => InputProtocol::V2,
     };
     let mut ws = pipeline.take_workspace();
+    ws.skip_v1_body = out == Proto::V2;
     let mut drained = Vec::new();
     let mut pass = |ws: &mut promnorm::pipeline::Workspace| -> anyhow::Result<()> {
         for b in &bodies.list {
             pipeline.process_as(ws, b, input)?;
+            if out == Proto::V2 {
+                pipeline.encode_v2(ws)?;
+            }
             if let Some(d) = pipeline.deriver() {
                 drained.clear();
                 d.drain(&mut drained);
@@ -404,6 +413,7 @@ fn pipeline_cost(
         serde_json::json!({
             "config": config.display().to_string(),
             "proto": proto,
+            "out": out,
             "requests": bodies.list.len(),
             "samples_per_request": bodies.samples_per_request,
             "rounds": rounds,

@@ -104,6 +104,9 @@ pub struct SeriesView {
     /// Labels arrived sorted, unique and without empty values: the raw bytes are valid output.
     /// Never set for remote-write 2.0 input (its bytes are not a 1.0 `TimeSeries`).
     pub canonical: bool,
+    /// Labels arrived sorted, unique and without empty values (1.0 or 2.0): a series no
+    /// rule touches can be written from the view as it is.
+    pub labels_in_order: bool,
     /// The metric type of the series' own 2.0 metadata (`MetricMetadata` numbering);
     /// 0 when unknown, always for 1.0 input.
     pub metric_type: u8,
@@ -499,6 +502,7 @@ impl DecodedRequest {
             histograms: to_end(histograms, self.histograms.len()),
             name,
             canonical,
+            labels_in_order: canonical,
             metric_type,
         });
     }

@@ -4,7 +4,8 @@
 //! every label reference resolves to one of them, without a `String` per label.
 //!
 //! What differs from 1.0 in the view: series are never `canonical` (their bytes are 2.0,
-//! not a 1.0 `TimeSeries`, so they are always rebuilt); per-series metadata becomes one
+//! not a 1.0 `TimeSeries`: one no rule touches is encoded from the view when its labels
+//! are `labels_in_order`, else rebuilt); per-series metadata becomes one
 //! [`MetadataView`] per family and request (with an empty `raw`), and its type is kept
 //! on the series for the metadata `_total` fix; samples carry their start timestamp
 //! (rc.4's `Sample.start_timestamp`, or the earlier drafts' per-series
@@ -157,23 +158,69 @@ impl DecodedRequest {
             return Err(DecodeError::TooManyLabels(l.max_labels_per_series));
         }
         for i in (0..self.refs.len()).step_by(2) {
-            let name = self.symbol(self.refs[i])?;
-            let value = self.symbol(self.refs[i + 1])?;
-            if let Some(l) = limits {
-                let len = (value.end - value.start) as usize;
-                if len > l.max_label_value_bytes {
-                    return Err(DecodeError::LabelValueTooLong {
-                        name: String::from_utf8_lossy(name.bytes(buf)).into_owned(),
-                        len,
-                        limit: l.max_label_value_bytes,
-                    });
-                }
+            self.push_label_ref(buf, self.refs[i], self.refs[i + 1], limits)?;
+        }
+        Ok(())
+    }
+
+    /// Resolves one (name, value) pair of references onto `self.labels`.
+    #[inline(always)]
+    fn push_label_ref(
+        &mut self,
+        buf: &[u8],
+        name_ref: u32,
+        value_ref: u32,
+        limits: Option<&DecodeLimits>,
+    ) -> Result<(), DecodeError> {
+        let name = self.symbol(name_ref)?;
+        let value = self.symbol(value_ref)?;
+        if let Some(l) = limits {
+            let len = (value.end - value.start) as usize;
+            if len > l.max_label_value_bytes {
+                return Err(DecodeError::LabelValueTooLong {
+                    name: String::from_utf8_lossy(name.bytes(buf)).into_owned(),
+                    len,
+                    limit: l.max_label_value_bytes,
+                });
             }
-            self.labels.push(LabelSpan { name, value });
-            // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
-            self.expanded_bytes = self
-                .expanded_bytes
-                .saturating_add(name.len() + value.len() + LABEL_OVERHEAD);
+        }
+        self.labels.push(LabelSpan { name, value });
+        // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
+        self.expanded_bytes = self
+            .expanded_bytes
+            .saturating_add(name.len() + value.len() + LABEL_OVERHEAD);
+        Ok(())
+    }
+
+    /// The label references of a series packed in one field, as every 2.0 sender writes
+    /// them: resolved pair by pair without going through `self.refs`. An odd reference
+    /// left at the end goes to `self.refs`, where a later refs field may complete it.
+    fn push_packed_label_refs(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        limits: &DecodeLimits,
+    ) -> Result<(), DecodeError> {
+        let as_ref = |v: u64, n: usize| {
+            u32::try_from(v).map_err(|_| DecodeError::SymbolRef {
+                index: v,
+                symbols: n,
+            })
+        };
+        let first = self.labels.len();
+        let mut r = Reader::new(buf, start, end);
+        while !r.is_done() {
+            let name = as_ref(r.varint()?, self.symbols.len())?;
+            if r.is_done() {
+                self.refs.push(name);
+                break;
+            }
+            let value = as_ref(r.varint()?, self.symbols.len())?;
+            if self.labels.len() - first >= limits.max_labels_per_series {
+                return Err(DecodeError::TooManyLabels(limits.max_labels_per_series));
+            }
+            self.push_label_ref(buf, name, value, Some(limits))?;
         }
         Ok(())
     }
@@ -205,6 +252,11 @@ impl DecodedRequest {
         let mut md = SeriesMetadata::default();
         self.refs.clear();
         let mut r = Reader::new(buf, start, end);
+        // Every sender writes the label references first, packed (key 0x0a).
+        if r.eat(0x0a) {
+            let (s, e) = r.len_delimited()?;
+            self.push_packed_label_refs(buf, s, e, limits)?;
+        }
         while !r.is_done() {
             let (field, wire) = r.key()?;
             match field {
@@ -244,13 +296,20 @@ impl DecodedRequest {
                 _ => r.skip(wire)?,
             }
         }
+        let resolved = self.labels.len() - labels_start as usize;
+        if self.refs.len() % 2 != 0 {
+            return Err(DecodeError::OddLabelRefs(2 * resolved + self.refs.len()));
+        }
+        if resolved + self.refs.len() / 2 > limits.max_labels_per_series {
+            return Err(DecodeError::TooManyLabels(limits.max_labels_per_series));
+        }
         self.push_ref_labels(buf, Some(limits))?;
         self.check_expanded(limits)?;
         let labels = Range32 {
             start: labels_start,
             end: self.labels.len() as u32,
         };
-        let (name, _canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
+        let (name, in_order) = check_labels(buf, &mut self.labels[labels.usize()])?;
         let samples = Range32 {
             start: samples_start,
             end: self.samples.len() as u32,
@@ -278,6 +337,9 @@ impl DecodedRequest {
             false,
             md.metric_type,
         );
+        if let Some(s) = self.series.last_mut() {
+            s.labels_in_order = in_order;
+        }
         Ok(())
     }
 
@@ -555,7 +617,11 @@ mod tests {
             assert!(d.v2);
             assert_eq!(d.series.len(), 1);
             let s = d.series[0];
-            assert!(!s.canonical, "2.0 series are always rebuilt");
+            assert!(!s.canonical, "2.0 bytes are never a 1.0 series");
+            assert!(
+                !s.labels_in_order,
+                "le came before __name__: sorted here, so rebuilt"
+            );
             assert_eq!(s.name.str(&buf), "http_seconds_bucket");
             assert_eq!(s.metric_type, 3);
             // Sorted by name: __name__ first.

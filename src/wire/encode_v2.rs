@@ -220,6 +220,12 @@ impl V2Encoder {
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
+            // A series (key 0x0a) is read in the second pass: stepped over here without
+            // the field dispatch.
+            if r.eat(0x0a) {
+                r.len_delimited()?;
+                continue;
+            }
             let (field, wire) = r.key()?;
             if field == 3 && wire == WIRE_LEN {
                 let (s, e) = r.len_delimited()?;
@@ -402,10 +408,24 @@ impl V2Encoder {
         let mut name: (u32, u32) = (0, 0);
         let mut name_ref: Option<u32> = None;
         let mut r = Reader::new(buf, start, end);
+        // The labels come first (key 0x0a) in every series the mapper writes; the rest
+        // of the message is copied by the second loop below.
+        // `rest_at`: the end of the leading run of labels, where the second loop starts
+        // (it steps over labels anyway, so any label position stays correct).
+        let (mut rest_at, mut leading) = (start, true);
         while !r.is_done() {
-            let (field, wire) = r.key()?;
-            if field == 1 && wire == WIRE_LEN {
+            if !r.eat(0x0a) {
+                // Not a label: step over it (a label after it is still read).
+                leading = false;
+                let (_, wire) = r.key()?;
+                r.skip(wire)?;
+                continue;
+            }
+            {
                 let (s, e) = r.len_delimited()?;
+                if leading {
+                    rest_at = e;
+                }
                 let span = (s as u32, e as u32);
                 let k = self.labels_now.len();
                 let seen = match self.labels_before.get(k) {
@@ -419,7 +439,7 @@ impl V2Encoder {
                             name_ref: self.symbol(slice(buf, n)),
                             value_ref: self.symbol(slice(buf, v)),
                             value: v,
-                            is_name: slice(buf, n) == b"__name__",
+                            is_name: super::decode::is_metric_name(slice(buf, n)),
                         }
                     }
                 };
@@ -431,15 +451,13 @@ impl V2Encoder {
                 let (nr, vr) = (seen.name_ref, seen.value_ref);
                 self.refs.push(nr);
                 self.refs.push(vr);
-            } else {
-                r.skip(wire)?;
             }
         }
         std::mem::swap(&mut self.labels_before, &mut self.labels_now);
         let mut body = std::mem::take(&mut self.series_buf);
         body.clear();
         put_packed(&mut body, 1, &self.refs);
-        let mut r = Reader::new(buf, start, end);
+        let mut r = Reader::new(buf, rest_at, end);
         while !r.is_done() {
             let (field, wire) = r.key()?;
             match (field, wire) {
@@ -617,8 +635,16 @@ fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
     let len: usize = values.iter().map(|&v| varint_len(u64::from(v))).sum();
     put_key(out, field, WIRE_LEN);
     put_varint(out, len as u64);
+    out.reserve(len);
     for &v in values {
-        put_varint(out, u64::from(v));
+        // Symbol references: one or two bytes nearly always.
+        if v < 0x80 {
+            out.push(v as u8);
+        } else if v < 0x4000 {
+            out.extend_from_slice(&[(v as u8) | 0x80, (v >> 7) as u8]);
+        } else {
+            put_varint(out, u64::from(v));
+        }
     }
 }
 

@@ -45,6 +45,14 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 return Ok(u64::from(byte));
             }
+            // Two bytes: 2.0's symbol references past 127, lengths past 127.
+            if self.pos + 1 < self.end {
+                let next = self.buf[self.pos + 1];
+                if next < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(byte & 0x7f) | (u64::from(next) << 7));
+                }
+            }
         }
         self.varint_slow()
     }

@@ -131,36 +131,17 @@ impl Mapper {
                 r => r,
             };
             match resolution {
-                None if s.canonical => {
-                    write_raw_series(out, s.raw.bytes(buf));
-                    self.count_out(s);
-                    self.tap_raw(taps, buf, req, s);
-                }
-                None | Some(Resolved::OutputName) => {
+                None => self.pass_through(out, buf, req, s, taps),
+                Some(Resolved::OutputName) => {
                     self.apply(None, buf, req, s);
                 }
                 Some(Resolved::Plan(plan)) => {
-                    let plan = match self.native_plan(plan, s) {
-                        Some(p) => p,
-                        None if s.canonical => {
-                            write_raw_series(out, s.raw.bytes(buf));
-                            self.count_out(s);
-                            self.tap_raw(taps, buf, req, s);
-                            continue;
-                        }
-                        None => {
-                            self.apply(None, buf, req, s);
-                            continue;
-                        }
+                    let Some(plan) = self.native_plan(plan, s) else {
+                        self.pass_through(out, buf, req, s, taps);
+                        continue;
                     };
                     if plan.keep_original {
-                        if s.canonical {
-                            write_raw_series(out, s.raw.bytes(buf));
-                            self.count_out(s);
-                            self.tap_raw(taps, buf, req, s);
-                        } else {
-                            self.apply(None, buf, req, s);
-                        }
+                        self.pass_through(out, buf, req, s, taps);
                     }
                     // A copy's plan repeats the series' steps: a series they drop has no
                     // copies (and its drop is counted once).
@@ -179,6 +160,59 @@ impl Mapper {
         {
             cf.learn(&mut self.learnt);
         }
+    }
+
+    /// A series no rule changes leaves as it came: as its own bytes (1.0 with canonical
+    /// labels), or encoded straight from the view (2.0 with labels in order). Neither
+    /// enters the merge area: only a name that is some rule's output can meet a rebuilt
+    /// series, and those go through [`Mapper::apply`]. Anything else is rebuilt.
+    fn pass_through(
+        &mut self,
+        out: &mut Vec<u8>,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+        taps: &TapSet,
+    ) {
+        if s.canonical {
+            write_raw_series(out, s.raw.bytes(buf));
+        } else if s.labels_in_order {
+            self.write_direct(out, buf, req, s);
+        } else {
+            self.apply(None, buf, req, s);
+            return;
+        }
+        self.count_out(s);
+        self.tap_raw(taps, buf, req, s);
+    }
+
+    /// Encodes a series as a 1.0 `TimeSeries` from the view, as it came.
+    fn write_direct(
+        &mut self,
+        out: &mut Vec<u8>,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+    ) {
+        let mut body = std::mem::take(&mut self.series_buf);
+        let mut w = SeriesWriter::new(&mut body);
+        for l in &req.labels[s.labels.usize()] {
+            w.label(l.name.bytes(buf), l.value.bytes(buf));
+        }
+        for smp in &req.samples[s.samples.usize()] {
+            w.sample_view(smp);
+        }
+        for ex in &req.exemplars[s.exemplars.usize()] {
+            let labels = req.labels[ex.labels.usize()]
+                .iter()
+                .map(|l| (l.name.bytes(buf), l.value.bytes(buf)));
+            w.exemplar(labels, ex.value_bits, ex.timestamp);
+        }
+        for h in &req.histograms[s.histograms.usize()] {
+            w.histogram_raw(h.raw.bytes(buf));
+        }
+        w.finish(out);
+        self.series_buf = body;
     }
 
     /// What the rules do with series named `name`: memoised per name.
