@@ -591,6 +591,61 @@ struct Worker<'a> {
     decoder: snap::raw::Decoder,
 }
 
+/// Differential check of the decoder (its fast paths included) against prost: when both
+/// accept an input, they read the same series, labels (sorted by name, as the view keeps
+/// them), samples (by bits) and histograms.
+fn agrees_with_prost(raw: &[u8], d: &DecodedRequest) {
+    let Ok(oracle) = pb::WriteRequest::decode(raw) else {
+        return;
+    };
+    assert_eq!(d.series.len(), oracle.timeseries.len(), "series count");
+    for (s, ts) in d.series.iter().zip(&oracle.timeseries) {
+        let ours: Vec<(&[u8], &[u8])> = d.labels[s.labels.usize()]
+            .iter()
+            .map(|l| (l.name.bytes(raw), l.value.bytes(raw)))
+            .collect();
+        let mut theirs: Vec<(&[u8], &[u8])> = ts
+            .labels
+            .iter()
+            .map(|l| (l.name.as_bytes(), l.value.as_bytes()))
+            .collect();
+        theirs.sort();
+        assert_eq!(ours, theirs, "labels");
+        let ours: Vec<(u64, i64)> = d.samples[s.samples.usize()]
+            .iter()
+            .map(|x| (x.value_bits, x.timestamp))
+            .collect();
+        let theirs: Vec<(u64, i64)> = ts
+            .samples
+            .iter()
+            .map(|x| (x.value.to_bits(), x.timestamp))
+            .collect();
+        assert_eq!(ours, theirs, "samples");
+        assert_eq!(s.histograms.len(), ts.histograms.len(), "histograms");
+        if s.canonical {
+            // The bytes of a canonical series are forwarded as they are: sorted, no
+            // empty value, as its labels say.
+            assert!(
+                ours_sorted_unique(d, s, raw),
+                "canonical series out of order"
+            );
+        }
+    }
+}
+
+fn ours_sorted_unique(
+    d: &DecodedRequest,
+    s: &promnorm::wire::decode::SeriesView,
+    raw: &[u8],
+) -> bool {
+    // In wire order: a canonical series is never re-sorted, so its view is its bytes' order.
+    let labels = &d.labels[s.labels.usize()];
+    labels
+        .windows(2)
+        .all(|w| w[0].name.bytes(raw) < w[1].name.bytes(raw))
+        && labels.iter().all(|l| !l.value.is_empty())
+}
+
 /// What one input exercised (for the summary).
 #[derive(Default)]
 struct Tally {
@@ -631,8 +686,9 @@ impl Worker<'_> {
     /// (a) the decoder alone, default and tight limits; (b) the pipeline.
     fn protobuf(&mut self, raw: &[u8], rng: &mut Rng, t: &Tally) {
         for limits in [DecodeLimits::default(), TIGHT] {
-            if let Err(e) = self.decoded.decode(raw, limits) {
-                assert!(!e.to_string().is_empty());
+            match self.decoded.decode(raw, limits) {
+                Err(e) => assert!(!e.to_string().is_empty()),
+                Ok(()) => agrees_with_prost(raw, &self.decoded),
             }
         }
         let compressed = snap::raw::Encoder::new().compress_vec(raw).unwrap();

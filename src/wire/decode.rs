@@ -797,10 +797,20 @@ pub fn name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.len().cmp(&b.len())
 }
 
-/// `a == b` for label names and values: short, so a loop, where `==` calls `memcmp`.
+/// `a == b` for label names, values and whole labels: short, so compared eight bytes at a
+/// time inline, where `==` calls `memcmp`.
 #[inline(always)]
 pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+    if a.len() != b.len() {
+        return false;
+    }
+    let (words_a, rest_a) = a.as_chunks::<8>();
+    let (words_b, rest_b) = b.as_chunks::<8>();
+    words_a
+        .iter()
+        .zip(words_b)
+        .all(|(x, y)| u64::from_ne_bytes(*x) == u64::from_ne_bytes(*y))
+        && rest_a.iter().zip(rest_b).all(|(x, y)| x == y)
 }
 
 /// `name == "__name__"`, without a call to `memcmp`.
@@ -999,6 +1009,11 @@ mod tests {
         assert!(!name_less(b"gpu", b"gpu"));
         assert!(name_less(b"__name__", b"instance"));
         assert!(!name_less(b"b", b"a"));
+        let long_a = b"instance=10.0.3.17:8000,namespace=serving-a";
+        let long_b = b"instance=10.0.3.17:8000,namespace=serving-b";
+        assert!(short_eq(long_a, long_a) && !short_eq(long_a, long_b));
+        assert!(!short_eq(&long_a[..16], &long_b[..17]));
+        assert!(short_eq(&long_a[..17], &long_b[..17]));
         for (a, b) in [
             (&b"gpu"[..], &b"gpu_uuid"[..]),
             (b"a", b"b"),

@@ -19,6 +19,7 @@ use std::hash::{BuildHasher, Hasher};
 use ahash::AHashMap;
 
 use super::DecodeError;
+use super::decode::short_eq;
 use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
 use super::pb::{Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len};
 
@@ -429,7 +430,7 @@ impl V2Encoder {
                 let span = (s as u32, e as u32);
                 let k = self.labels_now.len();
                 let seen = match self.labels_before.get(k) {
-                    Some(before) if slice(buf, before.span) == slice(buf, span) => {
+                    Some(before) if short_eq(slice(buf, before.span), slice(buf, span)) => {
                         LabelSeen { span, ..*before }
                     }
                     _ => {
@@ -632,10 +633,12 @@ fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
     if values.is_empty() {
         return;
     }
-    let len: usize = values.iter().map(|&v| varint_len(u64::from(v))).sum();
     put_key(out, field, WIRE_LEN);
-    put_varint(out, len as u64);
-    out.reserve(len);
+    // One byte for the length, patched once the values are written (a longer length,
+    // past 127 bytes of references, moves them along).
+    let at = out.len();
+    out.push(0);
+    out.reserve(2 * values.len());
     for &v in values {
         // Symbol references: one or two bytes nearly always.
         if v < 0x80 {
@@ -645,6 +648,22 @@ fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
         } else {
             put_varint(out, u64::from(v));
         }
+    }
+    let len = out.len() - at - 1;
+    if len < 0x80 {
+        out[at] = len as u8;
+    } else {
+        let mut prefix = [0u8; 10];
+        let mut n = 0;
+        let mut rest = len as u64;
+        while rest >= 0x80 {
+            prefix[n] = (rest as u8) | 0x80;
+            rest >>= 7;
+            n += 1;
+        }
+        prefix[n] = rest as u8;
+        out[at] = prefix[0];
+        out.splice(at + 1..at + 1, prefix[1..=n].iter().copied());
     }
 }
 
@@ -725,6 +744,27 @@ mod tests {
     use crate::wire::proto::prometheus as pb;
     use crate::wire::proto::write_v2 as v2;
     use prost::Message;
+
+    #[test]
+    fn packed_references_encode_as_prost_does_at_every_length() {
+        // Lengths of 0, 1 and 2+ bytes; references of 1, 2 and 3+ bytes.
+        for values in [
+            vec![],
+            vec![1u32, 2, 3],
+            (0..200).collect::<Vec<u32>>(),
+            vec![0x3fff, 0x4000, u32::MAX, 127, 128],
+            (0..5000).map(|i| i * 37).collect(),
+        ] {
+            let mut ours = Vec::new();
+            put_packed(&mut ours, 1, &values);
+            let theirs = v2::TimeSeries {
+                labels_refs: values.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            assert_eq!(ours, theirs, "{} values", values.len());
+        }
+    }
 
     /// A mapped body: `n` series, each with its own label value, one sample with a start
     /// timestamp, and one metadata entry.

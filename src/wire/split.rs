@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use ahash::AHashMap;
 
 use super::DecodeError;
+use super::decode::{is_metric_name, short_eq};
 use super::pb::{Reader, WIRE_LEN, put_bytes_field};
 
 /// How to split.
@@ -319,16 +320,26 @@ impl TenantSplit {
         let mut has_metadata = false;
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
+            // Series (key 0x0a) stepped over without the field dispatch.
+            if r.eat(0x0a) {
+                r.len_delimited()?;
+                continue;
+            }
             let (field, wire) = r.key()?;
             r.skip(wire)?;
             has_metadata |= field == 3;
         }
         let mut r = Reader::new(v1, 0, v1.len());
+        // The previous series' (name, tenant body): repeats are not hashed again.
+        let mut previous: Option<(Bounds, usize)> = None;
+        let mut last_tenant: Option<(Option<&[u8]>, usize)> = None;
         while !r.is_done() {
-            let (field, wire) = r.key()?;
-            if field != 1 || wire != WIRE_LEN {
-                r.skip(wire)?;
-                continue;
+            if !r.eat(0x0a) {
+                let (field, wire) = r.key()?;
+                if field != 1 || wire != WIRE_LEN {
+                    r.skip(wire)?;
+                    continue;
+                }
             }
             let (s, e) = r.len_delimited()?;
             // The tenant label, and where it sits in the series.
@@ -339,31 +350,51 @@ impl TenantSplit {
             let mut sr = Reader::new(v1, s, e);
             while !sr.is_done() {
                 let from = sr.pos();
-                let (f, w) = sr.key()?;
-                if f == 1 && w == WIRE_LEN {
+                let is_label = sr.eat(0x0a) || {
+                    let (f, w) = sr.key()?;
+                    if f == 1 && w == WIRE_LEN {
+                        true
+                    } else {
+                        samples += u64::from(f == 2 || f == 4);
+                        sr.skip(w)?;
+                        false
+                    }
+                };
+                if is_label {
                     let (ls, le) = sr.len_delimited()?;
                     let (name, value) = label(v1, ls, le)?;
                     let name = &v1[name.0..name.1];
-                    if name == opts.label {
+                    if short_eq(name, opts.label) {
                         tenant = Some(value);
                         label_at = Some((from, sr.pos()));
-                    } else if name == b"__name__" {
+                    } else if is_metric_name(name) {
                         metric_name = value;
                     }
-                } else {
-                    samples += u64::from(f == 2 || f == 4);
-                    sr.skip(w)?;
                 }
             }
             let name = tenant
                 .map(|(a, b)| &v1[a..b])
                 .filter(|t| !t.is_empty())
                 .or(opts.default);
-            let i = self.body_for(name, opts.max_tenants)?;
-            if has_metadata {
+            // Series of one target come together: the previous tenant's body, unhashed.
+            let i = match last_tenant {
+                Some((t, i))
+                    if t.map(|t| t.len()) == name.map(|n| n.len())
+                        && short_eq(t.unwrap_or_default(), name.unwrap_or_default()) =>
+                {
+                    i
+                }
+                _ => self.body_for(name, opts.max_tenants)?,
+            };
+            last_tenant = Some((name, i));
+            let repeat = previous.is_some_and(|(n, b)| {
+                b == i && short_eq(&v1[n.0..n.1], &v1[metric_name.0..metric_name.1])
+            });
+            previous = Some((metric_name, i));
+            if has_metadata && !repeat {
                 self.note_families(v1, metric_name, i as u32);
             }
-            if orphans.is_some() && metric_name.1 > metric_name.0 {
+            if orphans.is_some() && metric_name.1 > metric_name.0 && !repeat {
                 let h = self.hasher.hash_one(&v1[metric_name.0..metric_name.1]);
                 // Series of one name tend to come together: skip the obvious repeats.
                 if self.seen.last().is_none_or(|l| (l.0, l.1) != (h, i as u32)) {
