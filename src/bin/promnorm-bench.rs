@@ -421,7 +421,7 @@ fn pipeline_cost(
     };
     let (mut cpu, mut wall) = (Vec::new(), Vec::new());
     std::thread::scope(|scope| -> anyhow::Result<()> {
-        let handles: Vec<_> = (0..threads.max(1)).map(|_| scope.spawn(&worker)).collect();
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| scope.spawn(worker)).collect();
         for h in handles {
             let (c, w) = h
                 .join()

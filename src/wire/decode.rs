@@ -804,12 +804,10 @@ pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
-    let (words_a, rest_a) = a.as_chunks::<8>();
-    let (words_b, rest_b) = b.as_chunks::<8>();
-    words_a
-        .iter()
-        .zip(words_b)
-        .all(|(x, y)| u64::from_ne_bytes(*x) == u64::from_ne_bytes(*y))
+    let (words_a, words_b) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (rest_a, rest_b) = (words_a.remainder(), words_b.remainder());
+    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
+    words_a.zip(words_b).all(|(x, y)| word(x) == word(y))
         && rest_a.iter().zip(rest_b).all(|(x, y)| x == y)
 }
 
