@@ -121,11 +121,7 @@ impl DecodedRequest {
     /// Reads a `repeated uint32 *_refs` field (packed or not) onto `self.refs`.
     fn read_refs(&mut self, buf: &[u8], r: &mut Reader<'_>, wire: u8) -> Result<(), DecodeError> {
         let push = |refs: &mut Vec<u32>, v: u64, n: usize| {
-            let v = u32::try_from(v).map_err(|_| DecodeError::SymbolRef {
-                index: v,
-                symbols: n,
-            })?;
-            refs.push(v);
+            refs.push(symbol_ref(v, n)?);
             Ok::<(), DecodeError>(())
         };
         let n = self.symbols.len();
@@ -202,21 +198,15 @@ impl DecodedRequest {
         end: usize,
         limits: &DecodeLimits,
     ) -> Result<(), DecodeError> {
-        let as_ref = |v: u64, n: usize| {
-            u32::try_from(v).map_err(|_| DecodeError::SymbolRef {
-                index: v,
-                symbols: n,
-            })
-        };
         let first = self.labels.len();
         let mut r = Reader::new(buf, start, end);
         while !r.is_done() {
-            let name = as_ref(r.varint()?, self.symbols.len())?;
+            let name = symbol_ref(r.varint()?, self.symbols.len())?;
             if r.is_done() {
                 self.refs.push(name);
                 break;
             }
-            let value = as_ref(r.varint()?, self.symbols.len())?;
+            let value = symbol_ref(r.varint()?, self.symbols.len())?;
             if self.labels.len() - first >= limits.max_labels_per_series {
                 return Err(DecodeError::TooManyLabels(limits.max_labels_per_series));
             }
@@ -550,6 +540,11 @@ fn decode_histogram_v2(
         }
     }
     Ok((timestamp, start_ts, schema))
+}
+
+/// A label reference as read (a varint), as an index: past `u32` it can name no symbol.
+fn symbol_ref(v: u64, symbols: usize) -> Result<u32, DecodeError> {
+    u32::try_from(v).map_err(|_| DecodeError::SymbolRef { index: v, symbols })
 }
 
 #[cfg(test)]

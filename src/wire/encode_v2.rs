@@ -416,11 +416,14 @@ impl V2Encoder {
         let (mut rest_at, mut leading) = (start, true);
         while !r.is_done() {
             if !r.eat(0x0a) {
-                // Not a label: step over it (a label after it is still read).
+                // Not a one-byte label key: a label in a longer key form is still one;
+                // anything else is stepped over (a label after it is still read).
                 leading = false;
-                let (_, wire) = r.key()?;
-                r.skip(wire)?;
-                continue;
+                let (field, wire) = r.key()?;
+                if field != 1 || wire != WIRE_LEN {
+                    r.skip(wire)?;
+                    continue;
+                }
             }
             {
                 let (s, e) = r.len_delimited()?;
@@ -744,6 +747,44 @@ mod tests {
     use crate::wire::proto::prometheus as pb;
     use crate::wire::proto::write_v2 as v2;
     use prost::Message;
+
+    #[test]
+    fn labels_with_a_two_byte_key_reach_the_2_0_body() {
+        // Field 1, wire type 2, written as the (valid) two-byte varint 0x8a 0x00: the
+        // decoder reads such a series as canonical and forwards its bytes as they are.
+        let label = |n: &str, v: &str| {
+            let mut l = Vec::new();
+            crate::wire::pb::put_bytes_field(&mut l, 1, n.as_bytes());
+            crate::wire::pb::put_bytes_field(&mut l, 2, v.as_bytes());
+            let mut out = vec![0x8a, 0x00, l.len() as u8];
+            out.extend_from_slice(&l);
+            out
+        };
+        let mut series = label("__name__", "up");
+        series.extend(label("job", "j"));
+        let sample = pb::Sample {
+            value: 1.0,
+            timestamp: 5,
+        };
+        crate::wire::pb::put_bytes_field(&mut series, 2, &sample.encode_to_vec());
+        let mut v1 = Vec::new();
+        crate::wire::pb::put_bytes_field(&mut v1, 1, &series);
+        let mut out = Vec::new();
+        V2Encoder::new().encode(&v1, None, &mut out).unwrap();
+        let req = v2::Request::decode(&out[..]).unwrap();
+        let names: Vec<(&str, &str)> = req.timeseries[0]
+            .labels_refs
+            .chunks(2)
+            .map(|p| {
+                (
+                    req.symbols[p[0] as usize].as_str(),
+                    req.symbols[p[1] as usize].as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(names, [("__name__", "up"), ("job", "j")]);
+        assert_eq!(req.timeseries[0].samples.len(), 1);
+    }
 
     #[test]
     fn packed_references_encode_as_prost_does_at_every_length() {

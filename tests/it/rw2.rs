@@ -335,6 +335,45 @@ fn series_metadata_type_feeds_the_total_fix_directly() {
     assert_eq!(v2_metadata(&out)[0].1, 1);
 }
 
+/// With the `_total` fix on, a series it renames onto the label set of a `_total` series
+/// sent beside it merges with that one (one series, samples in timestamp order), as for
+/// every rebuilt 2.0 series: a 2.0 series no rule touches is written straight from the
+/// view only when the fix is off (review finding: it bypassed the merge).
+#[test]
+fn a_total_fix_onto_a_series_sent_beside_it_merges_with_it() {
+    let cfg = Config::parse("metadata_total_fix: true\n", "t.yaml").unwrap();
+    let p = cfg.pipeline().unwrap();
+    let mut sym = Symbols::default();
+    let plain = sym.refs(&[("__name__", "widgets_made"), ("plant", "x")]);
+    let total = sym.refs(&[("__name__", "widgets_made_total"), ("plant", "x")]);
+    let series = |refs: Vec<u32>, t: i64, counter: bool| v2::TimeSeries {
+        labels_refs: refs,
+        samples: vec![v2::Sample {
+            value: t as f64,
+            timestamp: t,
+            start_timestamp: 0,
+        }],
+        metadata: counter.then_some(v2::Metadata {
+            r#type: 1,
+            help_ref: 0,
+            unit_ref: 0,
+        }),
+        ..Default::default()
+    };
+    let req = v2::Request {
+        timeseries: vec![series(total, 2000, false), series(plain, 1000, true)],
+        symbols: sym.list,
+    };
+    let (v1, _) = run_v2(&p, &req);
+    assert_eq!(v1.timeseries.len(), 1, "{v1:?}");
+    let ts: Vec<i64> = v1.timeseries[0]
+        .samples
+        .iter()
+        .map(|s| s.timestamp)
+        .collect();
+    assert_eq!(ts, vec![1000, 2000]);
+}
+
 /// A random valid 2.0 request: unique label sets, random refs order, samples with and
 /// without start timestamps, histograms, exemplars, metadata.
 fn random_request(rng: &mut Rng) -> v2::Request {

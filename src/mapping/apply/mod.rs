@@ -90,6 +90,8 @@ pub struct Mapper {
     counters_version: u64,
     total_fix_plans: NameCache<Arc<Plan>>,
     learnt: Vec<Box<str>>,
+    /// This request runs the metadata `_total` fix (see [`Mapper::pass_through`]).
+    total_fix_on: bool,
     pub stats: MapStats,
 }
 
@@ -109,6 +111,7 @@ impl Mapper {
         ctx: &MapContext<'_>,
     ) {
         self.reset(rules);
+        self.total_fix_on = ctx.counters.is_some();
         let taps = ctx.taps.unwrap_or(&NO_TAPS);
         if let Some(cf) = ctx.counters {
             self.refresh_counters(cf);
@@ -163,9 +166,12 @@ impl Mapper {
     }
 
     /// A series no rule changes leaves as it came: as its own bytes (1.0 with canonical
-    /// labels), or encoded straight from the view (2.0 with labels in order). Neither
-    /// enters the merge area: only a name that is some rule's output can meet a rebuilt
-    /// series, and those go through [`Mapper::apply`]. Anything else is rebuilt.
+    /// labels), or encoded straight from the view (2.0 with labels in order, when no
+    /// metadata `_total` fix runs). Neither enters the merge area: a name that is some
+    /// rule's output goes through [`Mapper::apply`]; the `_total` fix makes output names
+    /// the rules do not list, so with it on, 2.0 series are merged as before (1.0's raw
+    /// copies are not: a `foo_total` sent beside a `foo` the fix renames can meet it).
+    /// Anything else is rebuilt.
     fn pass_through(
         &mut self,
         out: &mut Vec<u8>,
@@ -176,7 +182,7 @@ impl Mapper {
     ) {
         if s.canonical {
             write_raw_series(out, s.raw.bytes(buf));
-        } else if s.labels_in_order {
+        } else if s.labels_in_order && !self.total_fix_on {
             self.write_direct(out, buf, req, s);
         } else {
             self.apply(None, buf, req, s);
