@@ -1021,7 +1021,19 @@ async fn sync_periodically(run: Arc<Running>, every: Duration) {
     loop {
         tick.tick().await;
         for s in &run.shards {
-            if let Err(e) = lock(&s.state).store.sync() {
+            // The fsync itself runs on a blocking thread, without the shard's lock: on a
+            // runtime of one worker it stalled every request for its duration (the disk
+            // queue's throughput was 0.76-0.92x of no queue, the SUT not busy all the time).
+            let handle = lock(&s.state).store.sync_handle();
+            let flushed = match handle {
+                Ok(Some(file)) => tokio::task::spawn_blocking(move || file.sync_data())
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+                    .map_err(StoreError::from),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = flushed {
                 tracing::warn!(error = %e, "fsync of the disk queue");
             }
         }

@@ -54,6 +54,12 @@ pub trait Store: Send {
     fn oldest_ms(&self) -> Option<u64>;
     /// Makes appended records durable (disk); a no-op in memory.
     fn sync(&mut self) -> Result<(), StoreError>;
+    /// What [`Store::sync`] would flush, as a handle to flush without the store: the
+    /// periodic fsync runs off the runtime and outside the shard's lock, so requests
+    /// being queued do not wait for the disk. `None`: nothing to flush.
+    fn sync_handle(&mut self) -> Result<Option<File>, StoreError> {
+        self.sync().map(|()| None)
+    }
     /// Damage skipped since the last call.
     fn take_corrupt(&mut self) -> Skipped;
 }
@@ -456,6 +462,17 @@ impl Store for DiskStore {
             self.dirty = false;
         }
         Ok(())
+    }
+
+    fn sync_handle(&mut self) -> Result<Option<File>, StoreError> {
+        if !self.dirty {
+            return Ok(None);
+        }
+        // Records appended from here on set `dirty` again and go with the next flush; a
+        // segment rotated meanwhile was synced when it was closed, or is by this handle.
+        let handle = self.writer.try_clone()?;
+        self.dirty = false;
+        Ok(Some(handle))
     }
 
     fn take_corrupt(&mut self) -> Skipped {
