@@ -377,13 +377,12 @@ impl TenantSplit {
                 .filter(|t| !t.is_empty())
                 .or(opts.default);
             // Series of one target come together: the previous tenant's body, unhashed.
+            let same_tenant = |t: Option<&[u8]>| match (t, name) {
+                (Some(a), Some(b)) => short_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
             let i = match last_tenant {
-                Some((t, i))
-                    if t.map(|t| t.len()) == name.map(|n| n.len())
-                        && short_eq(t.unwrap_or_default(), name.unwrap_or_default()) =>
-                {
-                    i
-                }
+                Some((t, i)) if same_tenant(t) => i,
                 _ => self.body_for(name, opts.max_tenants)?,
             };
             last_tenant = Some((name, i));
