@@ -1,5 +1,6 @@
 //! Encodes `prometheus.WriteRequest` bytes directly into reusable buffers.
 
+use super::decode::Span;
 use super::pb::{
     WIRE_I64, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len,
 };
@@ -54,6 +55,30 @@ fn put_label(out: &mut Vec<u8>, field: u32, name: &[u8], value: &[u8]) {
 }
 
 /// Appends one `Label` as field 1 of a `TimeSeries` (the shape of a series' label list).
+/// Where in `buf` label (`name`, `value`) already stands encoded exactly as
+/// [`SeriesWriter::label`] would write it (key, length, name field, value field, every
+/// length one byte): the bytes to copy instead. Checked byte by byte, so any input
+/// qualifies only if the copy is identical to a fresh encoding.
+#[inline]
+pub fn encoded_label_at(buf: &[u8], name: Span, value: Span) -> Option<(usize, usize)> {
+    let (ns, ne, vs, ve) = (
+        name.start as usize,
+        name.end as usize,
+        value.start as usize,
+        value.end as usize,
+    );
+    let (nl, vl) = (ne.checked_sub(ns)?, ve.checked_sub(vs)?);
+    let head = buf.get(ns.checked_sub(4)?..ns)?;
+    let mid = buf.get(ne..vs)?;
+    let len = 4 + nl + vl;
+    (nl > 0
+        && vl > 0
+        && len < 0x80
+        && head == [0x0a, len as u8, 0x0a, nl as u8]
+        && mid == [0x12, vl as u8])
+    .then_some((ns - 4, ve))
+}
+
 #[inline]
 pub fn write_series_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     put_label(out, 1, name, value);
@@ -210,4 +235,33 @@ pub fn write_metadata(
 #[inline]
 pub fn write_raw_metadata(out: &mut Vec<u8>, raw: &[u8]) {
     put_bytes_field(out, FIELD_METADATA, raw);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(name: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_series_label(&mut out, name, value);
+        out
+    }
+
+    #[test]
+    fn a_label_is_copied_only_where_its_bytes_equal_a_fresh_encoding() {
+        let enc = fresh(b"job", b"vllm");
+        let (name, value) = (Span::new(4, 7), Span::new(9, 13));
+        assert_eq!(encoded_label_at(&enc, name, value), Some((0, enc.len())));
+        // The same name and value inside a `Label` with one more field: its length
+        // byte differs, so it is encoded afresh, not copied.
+        let mut extra = enc.clone();
+        extra[1] += 2;
+        extra.extend_from_slice(&[0x18, 0x01]);
+        assert_eq!(encoded_label_at(&extra, name, value), None);
+        // Name and value not next to each other, spans at the buffer's start, empty ones.
+        assert_eq!(encoded_label_at(&enc, name, Span::new(10, 13)), None);
+        assert_eq!(encoded_label_at(&enc, Span::new(0, 3), value), None);
+        assert_eq!(encoded_label_at(&enc, Span::new(4, 4), value), None);
+        assert_eq!(encoded_label_at(&enc, name, Span::new(13, 40)), None);
+    }
 }

@@ -1224,3 +1224,119 @@ fn has_labels_rules_apply_to_series_that_carry_the_label() {
         "{r:?}"
     );
 }
+
+/// A series a plan only filters (SGLang's rank dedup keeps `tp_rank="0"`) leaves as its
+/// own bytes; series whose labels a rule rewrites (DCGM's `Hostname` → `hostname`) still
+/// merge with a series already carrying the new label set, as before.
+#[test]
+fn filtered_series_pass_as_they_came_and_relabelled_ones_still_merge() {
+    let p = pipeline("");
+    let kept = series(
+        &[
+            ("__name__", "sglang:num_running_reqs"),
+            ("model_name", "m"),
+            ("tp_rank", "0"),
+        ],
+        &[(7.0, 1000)],
+    );
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            kept.clone(),
+            series(
+                &[
+                    ("__name__", "sglang:num_running_reqs"),
+                    ("model_name", "m"),
+                    ("tp_rank", "1"),
+                ],
+                &[(7.0, 1000)],
+            ),
+            series(
+                &[
+                    ("Hostname", "h"),
+                    ("__name__", "DCGM_FI_DEV_GPU_TEMP"),
+                    ("gpu", "0"),
+                ],
+                &[(40.0, 1000), (41.0, 3000)],
+            ),
+            series(
+                &[
+                    ("__name__", "DCGM_FI_DEV_GPU_TEMP"),
+                    ("gpu", "0"),
+                    ("hostname", "h"),
+                ],
+                &[(40.0, 1000), (42.0, 2000)],
+            ),
+        ],
+        metadata: vec![],
+    };
+    let mut ws = p.take_workspace();
+    p.process(&mut ws, &encode(&req)).unwrap();
+    let stats = p.stats(&ws).clone();
+    let out = decode(ws.compressed());
+    assert_eq!(
+        find(&out, "sglang:num_running_reqs"),
+        [&kept],
+        "rank 0 as it came"
+    );
+    let temp = find(&out, "DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(temp.len(), 1, "one label set, one series: {out:?}");
+    let names: Vec<_> = temp[0].labels.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["__name__", "gpu", "hostname"]);
+    let s: Vec<_> = temp[0]
+        .samples
+        .iter()
+        .map(|x| (x.timestamp, x.value))
+        .collect();
+    assert_eq!(s, [(1000, 40.0), (2000, 42.0), (3000, 41.0)]);
+    assert_eq!(stats.collisions, 1);
+}
+
+/// Label renames and added labels are sorted into place, a renamed label loses to one
+/// already carrying its new name, and labels the rules left alone are copied as they came
+/// (the output is checked by decoding, whatever path wrote it).
+#[test]
+fn relabelled_series_come_out_sorted_and_unique() {
+    let p = user_pack_pipeline(
+        "relabel-sort",
+        r#"
+pack: mine
+rules:
+  - match: {family: m_seconds}
+    rename_labels: {Zone: a_zone, Old: keep}
+    set_labels: {b_added: "1"}
+"#,
+        "none",
+    )
+    .unwrap();
+    let req = pb::WriteRequest {
+        timeseries: vec![series(
+            &[
+                ("Old", "loser"),
+                ("Zone", "z"),
+                ("__name__", "m_seconds"),
+                ("c", "3"),
+                ("keep", "winner"),
+            ],
+            &[(1.0, 1000)],
+        )],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    let got = find(&out, "m_seconds");
+    assert_eq!(got.len(), 1, "{out:?}");
+    let labels: Vec<_> = got[0]
+        .labels
+        .iter()
+        .map(|l| (l.name.as_str(), l.value.as_str()))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("__name__", "m_seconds"),
+            ("a_zone", "z"),
+            ("b_added", "1"),
+            ("c", "3"),
+            ("keep", "winner"),
+        ]
+    );
+}

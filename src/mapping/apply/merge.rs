@@ -2,37 +2,79 @@
 //! encoding them in timestamp order.
 
 use super::*;
-use crate::wire::decode::{name_cmp, name_less, short_eq};
+use crate::wire::decode::{name_cmp, short_eq};
+use crate::wire::encode::encoded_label_at;
+
+/// A name's first eight bytes as a big-endian number, zero-padded: `name_key(a) <
+/// name_key(b)` implies `a < b` (bytewise); equal keys say nothing.
+#[inline]
+fn name_key(name: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    if name.len() >= 8 {
+        w.copy_from_slice(&name[..8]);
+    } else {
+        for (d, s) in w.iter_mut().zip(name) {
+            *d = *s;
+        }
+    }
+    u64::from_be_bytes(w)
+}
 
 impl Mapper {
     /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
-    /// onto an existing one loses to the existing one).
-    pub(super) fn finish_labels(&mut self, buf: &[u8]) {
+    /// onto an existing one loses to the existing one). The input's labels arrive sorted
+    /// and unique (the decoder sees to it), so only a step that renamed or added a label
+    /// (`names_changed`) can need the sort, and only empty input values or a step that
+    /// wrote an empty value (`may_have_empty`) the removal.
+    pub(super) fn finish_labels(&mut self, buf: &[u8], names_changed: bool, may_have_empty: bool) {
         let mut work = std::mem::take(&mut self.work);
-        work.retain(|l| !self.str_bytes(l.value, buf).is_empty());
-        // Most series keep their (sorted) input order: names strictly ascending need
-        // neither the sort nor the duplicate pass.
-        let ascending = work.windows(2).all(|w| {
-            name_less(
-                self.str_bytes(w[0].name, buf),
-                self.str_bytes(w[1].name, buf),
-            )
-        });
-        if ascending {
+        if may_have_empty {
+            work.retain(|l| !self.str_bytes(l.value, buf).is_empty());
+        }
+        if !names_changed {
             self.work = work;
             return;
         }
-        work.sort_by(|a, b| {
-            name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
-                .then(a.renamed.cmp(&b.renamed))
+        // Sorted by each name's first eight bytes, compared as one number; the whole
+        // names only where those are equal.
+        let mut keys = std::mem::take(&mut self.sort_keys);
+        keys.clear();
+        keys.extend(
+            work.iter()
+                .enumerate()
+                .map(|(i, l)| (name_key(self.str_bytes(l.name, buf)), i as u32)),
+        );
+        if keys.windows(2).all(|w| w[0].0 < w[1].0) {
+            self.sort_keys = keys;
+            self.work = work;
+            return;
+        }
+        // Stable, as the plain sort by (name, renamed) over the work order was.
+        keys.sort_by(|a, b| {
+            a.0.cmp(&b.0).then_with(|| {
+                let (la, lb) = (&work[a.1 as usize], &work[b.1 as usize]);
+                name_cmp(self.str_bytes(la.name, buf), self.str_bytes(lb.name, buf))
+                    .then(la.renamed.cmp(&lb.renamed))
+            })
         });
-        work.dedup_by(|later, earlier| {
-            short_eq(
-                self.str_bytes(later.name, buf),
-                self.str_bytes(earlier.name, buf),
-            )
-        });
-        self.work = work;
+        let mut sorted = std::mem::take(&mut self.work_sorted);
+        sorted.clear();
+        let mut last_key = None;
+        for &(key, i) in &keys {
+            let l = work[i as usize];
+            // The first of a name is kept.
+            if last_key == Some(key)
+                && let Some(prev) = sorted.last()
+                && short_eq(self.str_bytes(prev.name, buf), self.str_bytes(l.name, buf))
+            {
+                continue;
+            }
+            last_key = Some(key);
+            sorted.push(l);
+        }
+        self.work_sorted = work;
+        self.work = sorted;
+        self.sort_keys = keys;
     }
 
     pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
@@ -160,9 +202,7 @@ impl Mapper {
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
             let mut w = SeriesWriter::new(&mut series_buf);
-            for l in &self.out_labels[o.labels.usize()] {
-                w.label(self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
-            }
+            self.write_labels(&mut w, o.labels, buf);
             let first = self.chunks[o.first_chunk as usize];
             if first.next == NONE {
                 for smp in &self.samples[first.samples.usize()] {
@@ -192,6 +232,36 @@ impl Mapper {
             self.stats.series_out += 1;
         }
         self.series_buf = series_buf;
+    }
+
+    /// Writes an output series' labels. Labels the rules left as they came are copied
+    /// from the input as it encoded them, neighbours in one copy (most of a series'
+    /// labels are one run of the input); the others are encoded.
+    fn write_labels(&self, w: &mut SeriesWriter<'_>, labels: Range32, buf: &[u8]) {
+        let mut run: Option<(usize, usize)> = None;
+        for l in &self.out_labels[labels.usize()] {
+            let at = match (l.name, l.value) {
+                (Str::In(n), Str::In(v)) => encoded_label_at(buf, n, v),
+                _ => None,
+            };
+            match (at, &mut run) {
+                (Some((start, end)), Some((_, run_end))) if *run_end == start => *run_end = end,
+                (Some(span), _) => {
+                    if let Some((a, b)) = run.replace(span) {
+                        w.raw_labels(&buf[a..b]);
+                    }
+                }
+                (None, _) => {
+                    if let Some((a, b)) = run.take() {
+                        w.raw_labels(&buf[a..b]);
+                    }
+                    w.label(self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
+                }
+            }
+        }
+        if let Some((a, b)) = run {
+            w.raw_labels(&buf[a..b]);
+        }
     }
 
     /// Merges the chunks of several inputs that landed on one label set: timestamp order,

@@ -56,6 +56,9 @@ pub struct MapContext<'a> {
 pub struct Mapper {
     arena: Vec<u8>,
     work: Vec<WorkLabel>,
+    /// Scratch of [`Mapper::finish_labels`]' sort.
+    work_sorted: Vec<WorkLabel>,
+    sort_keys: Vec<(u64, u32)>,
     out_series: Vec<OutSeries>,
     out_labels: Vec<WorkLabel>,
     chunks: Vec<Chunk>,
@@ -136,7 +139,7 @@ impl Mapper {
             match resolution {
                 None => self.pass_through(out, buf, req, s, taps),
                 Some(Resolved::OutputName) => {
-                    self.apply(None, buf, req, s);
+                    self.apply(None, buf, req, s, false);
                 }
                 Some(Resolved::Plan(plan)) => {
                     let Some(plan) = self.native_plan(plan, s) else {
@@ -146,12 +149,16 @@ impl Mapper {
                     if plan.keep_original {
                         self.pass_through(out, buf, req, s, taps);
                     }
+                    let may_pass = plan.unchanged_may_pass() && self.can_write_as_is(s);
+                    match self.apply(Some(&plan), buf, req, s, may_pass) {
+                        Applied::Dropped => continue,
+                        Applied::Merged => {}
+                        Applied::Unchanged => self.write_as_is(out, buf, req, s, taps),
+                    }
                     // A copy's plan repeats the series' steps: a series they drop has no
                     // copies (and its drop is counted once).
-                    if self.apply(Some(&plan), buf, req, s) {
-                        for c in &plan.copies {
-                            self.apply(Some(&c.plan), buf, req, s);
-                        }
+                    for c in &plan.copies {
+                        self.apply(Some(&c.plan), buf, req, s, false);
                     }
                 }
             }
@@ -180,13 +187,32 @@ impl Mapper {
         s: &SeriesView,
         taps: &TapSet,
     ) {
+        if self.can_write_as_is(s) {
+            self.write_as_is(out, buf, req, s, taps);
+        } else {
+            self.apply(None, buf, req, s, false);
+        }
+    }
+
+    /// See [`Mapper::pass_through`].
+    #[inline]
+    fn can_write_as_is(&self, s: &SeriesView) -> bool {
+        s.canonical || (s.labels_in_order && !self.total_fix_on)
+    }
+
+    /// Writes a series as it came (only when [`Mapper::can_write_as_is`]).
+    fn write_as_is(
+        &mut self,
+        out: &mut Vec<u8>,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+        taps: &TapSet,
+    ) {
         if s.canonical {
             write_raw_series(out, s.raw.bytes(buf));
-        } else if s.labels_in_order && !self.total_fix_on {
-            self.write_direct(out, buf, req, s);
         } else {
-            self.apply(None, buf, req, s);
-            return;
+            self.write_direct(out, buf, req, s);
         }
         self.count_out(s);
         self.tap_raw(taps, buf, req, s);
@@ -245,23 +271,24 @@ impl Mapper {
         self.total_fix(name)
     }
 
-    /// Runs a plan over one series and puts the result into the merge area; false when
-    /// the plan drops it (or, for a copy, its labels do not match).
+    /// Runs a plan over one series and puts the result into the merge area. With
+    /// `may_pass`, a series no step changed is left to the caller to write as it came
+    /// ([`Applied::Unchanged`]). The series' labels are copied into the work area only
+    /// once a step is about to change them: steps that only read them (rank dedup,
+    /// conditions) read the input, so a dropped series is never copied.
     fn apply(
         &mut self,
         plan: Option<&Plan>,
         buf: &[u8],
         req: &DecodedRequest,
         s: &SeriesView,
-    ) -> bool {
-        self.work.clear();
-        for l in &req.labels[s.labels.usize()] {
-            self.work.push(WorkLabel {
-                name: Str::In(l.name),
-                value: Str::In(l.value),
-                renamed: false,
-            });
-        }
+        may_pass: bool,
+    ) -> Applied {
+        let mut built = false;
+        let mut changed = false;
+        // The input's labels are sorted and unique; see `finish_labels`.
+        let mut names_changed = false;
+        let mut may_have_empty = !s.labels_in_order;
         let mut scale: Option<(super::number::Factor, ScaleTarget)> = None;
         let mut scale_pack = 0u16;
         let mut renamed_by: Option<u16> = None;
@@ -273,17 +300,21 @@ impl Mapper {
                     .note_family(slot, (s.samples.len() + s.histograms.len()) as u64);
             }
             for step in &plan.steps {
-                if !step.when.is_empty() && !self.matches(buf, &step.when) {
+                if !step.when.is_empty() && !self.matches(built, buf, req, s, &step.when) {
                     if matches!(step.action, Action::OnlyIf) {
-                        return false;
+                        return Applied::Dropped;
                     }
                     continue;
+                }
+                if step.action.changes_labels() && !built {
+                    self.build_work(req, s);
+                    built = true;
                 }
                 match &step.action {
                     Action::OnlyIf => {}
                     Action::Drop(reason) => {
                         self.drop_series(s, *reason);
-                        return false;
+                        return Applied::Dropped;
                     }
                     Action::SetName(n) => {
                         let v = self.intern(n.as_bytes());
@@ -292,6 +323,7 @@ impl Mapper {
                         }
                         renamed_by = Some(step.pack);
                         name_changed = true;
+                        changed = true;
                     }
                     Action::RenameLabel { from, to } => {
                         if let Some(i) = self.find(buf, from.as_bytes()) {
@@ -299,6 +331,8 @@ impl Mapper {
                             self.work[i].name = n;
                             self.work[i].renamed = true;
                             renamed_by = Some(step.pack);
+                            changed = true;
+                            names_changed = true;
                         }
                     }
                     Action::MapLabelValue { label, from, to } => {
@@ -307,6 +341,8 @@ impl Mapper {
                         {
                             self.work[i].value = self.intern(to.as_bytes());
                             renamed_by = Some(step.pack);
+                            changed = true;
+                            may_have_empty |= to.is_empty();
                         }
                     }
                     Action::SplitByLabel { label, names, .. } => {
@@ -321,14 +357,18 @@ impl Mapper {
                                 }
                                 renamed_by = Some(step.pack);
                                 name_changed = true;
+                                changed = true;
                             }
                         }
                     }
                     Action::SetLabel { name, value } => {
+                        changed = true;
+                        may_have_empty |= value.is_empty();
                         let v = self.intern(value.as_bytes());
                         match self.find(buf, name.as_bytes()) {
                             Some(i) => self.work[i].value = v,
                             None => {
+                                names_changed = true;
                                 let n = self.intern(name.as_bytes());
                                 self.work.push(WorkLabel {
                                     name: n,
@@ -341,18 +381,23 @@ impl Mapper {
                     Action::DropLabel(name) => {
                         if let Some(i) = self.find(buf, name.as_bytes()) {
                             self.work.remove(i);
+                            changed = true;
                         }
                     }
                     Action::RankDedup { label, keep } => {
-                        if let Some(i) = self.find(buf, label.as_bytes())
-                            && self.str_bytes(self.work[i].value, buf) != keep.as_bytes()
+                        if self
+                            .label_value(built, buf, req, s, label.as_bytes())
+                            .is_some_and(|v| v != keep.as_bytes())
                         {
                             self.drop_series(s, REASON_RANK_DEDUP);
-                            return false;
+                            return Applied::Dropped;
                         }
                     }
                     Action::SumOverRanks(label) => {
-                        if self.find(buf, label.as_bytes()).is_some() {
+                        if self
+                            .label_value(built, buf, req, s, label.as_bytes())
+                            .is_some()
+                        {
                             rank_label = Some(self.intern(label.as_bytes()));
                         }
                     }
@@ -380,15 +425,32 @@ impl Mapper {
         {
             *c += 1;
         }
+        if may_pass && !changed && scale.is_none() && rank_label.is_none() {
+            return Applied::Unchanged;
+        }
+        if !built {
+            self.build_work(req, s);
+        }
         if let Some((factor, ScaleTarget::Le)) = scale {
             self.rescale_le(buf, req, s, factor);
         }
-        self.finish_labels(buf);
+        self.finish_labels(buf, names_changed, may_have_empty);
         // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
         let scale = scale.map(|(f, _)| (f, scale_pack));
         self.insert(buf, req, s, value_factor, scale, rank_label);
-        true
+        Applied::Merged
+    }
+
+    /// Copies the series' labels into the work area.
+    fn build_work(&mut self, req: &DecodedRequest, s: &SeriesView) {
+        self.work.clear();
+        self.work
+            .extend(req.labels[s.labels.usize()].iter().map(|l| WorkLabel {
+                name: Str::In(l.name),
+                value: Str::In(l.value),
+                renamed: false,
+            }));
     }
 
     /// The plan a series actually goes through: a histogram rule's plan for the plain
@@ -435,6 +497,17 @@ impl Hasher for PreHashedKey {
     fn write_u64(&mut self, n: u64) {
         self.0 = n;
     }
+}
+
+/// What [`Mapper::apply`] did with a series.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Applied {
+    /// Dropped by a step (or, for a copy, its labels did not match).
+    Dropped,
+    /// In the merge area.
+    Merged,
+    /// No step changed it and the caller may write it as it came.
+    Unchanged,
 }
 
 #[derive(Clone)]

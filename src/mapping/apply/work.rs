@@ -98,13 +98,37 @@ impl Mapper {
             .position(|l| crate::wire::decode::short_eq(self.str_bytes(l.name, buf), name))
     }
 
-    pub(super) fn matches(&self, buf: &[u8], when: &[LabelCond]) -> bool {
-        when.iter().all(|c| {
-            c.holds(
-                self.find(buf, c.name.as_bytes())
-                    .map(|i| self.str_bytes(self.work[i].value, buf)),
-            )
-        })
+    /// The value of label `name`: from the work area once it is `built`, else from the
+    /// input (the same labels, in the same order, until a step changes them).
+    pub(super) fn label_value<'a>(
+        &'a self,
+        built: bool,
+        buf: &'a [u8],
+        req: &'a DecodedRequest,
+        s: &SeriesView,
+        name: &[u8],
+    ) -> Option<&'a [u8]> {
+        if built {
+            self.find(buf, name)
+                .map(|i| self.str_bytes(self.work[i].value, buf))
+        } else {
+            req.labels[s.labels.usize()]
+                .iter()
+                .find(|l| crate::wire::decode::short_eq(l.name.bytes(buf), name))
+                .map(|l| l.value.bytes(buf))
+        }
+    }
+
+    pub(super) fn matches(
+        &self,
+        built: bool,
+        buf: &[u8],
+        req: &DecodedRequest,
+        s: &SeriesView,
+        when: &[LabelCond],
+    ) -> bool {
+        when.iter()
+            .all(|c| c.holds(self.label_value(built, buf, req, s, c.name.as_bytes())))
     }
 
     pub(super) fn drop_series(&mut self, s: &SeriesView, reason: u16) {

@@ -167,11 +167,18 @@ impl Rules {
             }
         }
         for (out, _) in outputs {
+            if let Some(Resolution::Plan(plan)) = self.names.get_mut(out.as_str()) {
+                Arc::make_mut(plan).is_output = true;
+                continue;
+            }
             // A name rules write may itself be matched by prefix or regex rules (a label
             // rename over a whole prefix): it arrives already carrying that name and must
             // get those rules too, not only the collision merge.
             let resolution = match self.plan_for(&out) {
-                Some(plan) => Resolution::Plan(Arc::new(plan)),
+                Some(mut plan) => {
+                    plan.is_output = true;
+                    Resolution::Plan(Arc::new(plan))
+                }
                 None => Resolution::OutputName,
             };
             self.names.entry(out.into_boxed_str()).or_insert(resolution);

@@ -9,8 +9,12 @@ impl Rules {
         let mut plan = self.plan_with(name, true)?;
         if plan.native_only {
             // What a float series of this name (no native histograms) goes through.
-            plan.without_native = self.plan_with(name, false).map(Arc::new);
+            plan.without_native = self.plan_with(name, false).map(|mut p| {
+                p.note_label_keeping();
+                Arc::new(p)
+            });
         }
+        plan.note_label_keeping();
         Some(plan)
     }
 

@@ -80,6 +80,21 @@ pub enum Action {
     OnlyIf,
 }
 
+impl Action {
+    /// The step edits the series' labels (the mapper then works on a copy of them).
+    pub fn changes_labels(&self) -> bool {
+        matches!(
+            self,
+            Action::SetName(_)
+                | Action::RenameLabel { .. }
+                | Action::MapLabelValue { .. }
+                | Action::SplitByLabel { .. }
+                | Action::SetLabel { .. }
+                | Action::DropLabel(_)
+        )
+    }
+}
+
 /// What one value of a `split_by_label` is written as, beyond its name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SplitOutput {
@@ -156,6 +171,34 @@ pub struct Plan {
     pub rename_slot: Option<u32>,
     /// The per-family counters' slot of the plan (`Rules::families`).
     pub family_slot: Option<u32>,
+    /// No step changes a label, a value or a native histogram: the steps only drop,
+    /// keep or rename whole series. A series of this name that comes out unchanged can
+    /// then not share its label set with another series of the name.
+    pub keeps_labels: bool,
+    /// Some exact rule writes this name (another name is renamed onto it).
+    pub is_output: bool,
+}
+
+impl Plan {
+    /// Sets [`Plan::keeps_labels`] from the steps (once they are final).
+    pub(super) fn note_label_keeping(&mut self) {
+        self.keeps_labels = self.steps.iter().all(|s| {
+            matches!(
+                s.action,
+                Action::OnlyIf
+                    | Action::Drop(_)
+                    | Action::RankDedup { .. }
+                    | Action::SumOverRanks(_)
+                    | Action::SetName(_)
+            )
+        });
+    }
+
+    /// A series of this name that no step changed may leave as its own bytes, outside
+    /// the merge area: nothing else can land on its label set (see [`Plan::keeps_labels`]).
+    pub fn unchanged_may_pass(&self) -> bool {
+        self.keeps_labels && !self.is_output && !self.keep_original
+    }
 }
 
 /// A copy of a series: a whole plan of its own (the series' steps, then the copy rule's).
