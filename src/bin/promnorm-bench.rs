@@ -97,6 +97,11 @@ enum Cmd {
         /// `samples_per_s` is their aggregate throughput
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Tenant routing by this label: each request split into one body per tenant,
+        /// each compressed (what the router does for a tenancy group); `--out 2`
+        /// encodes each as 2.0
+        #[arg(long)]
+        tenancy: Option<String>,
     },
 }
 
@@ -204,7 +209,15 @@ fn main() -> anyhow::Result<()> {
             count,
             out,
             threads,
-        } => pipeline_cost(&config, rounds, (proto, out), (mode, threads), count),
+            tenancy,
+        } => pipeline_cost(
+            &config,
+            rounds,
+            (proto, out),
+            (mode, threads),
+            count,
+            tenancy.as_deref(),
+        ),
         Cmd::Run(args) => {
             pin_self(&args.load_cpu)?;
             runtime()?.block_on(run(*args))
@@ -367,6 +380,7 @@ fn pipeline_cost(
     (proto, out): (Proto, Proto),
     (mode, threads): (ModeArg, usize),
     count: usize,
+    tenancy: Option<&str>,
 ) -> anyhow::Result<()> {
     use promnorm::app::Assemble;
     use promnorm::pipeline::InputProtocol;
@@ -393,12 +407,15 @@ fn pipeline_cost(
     let start = std::sync::Barrier::new(threads.max(1));
     let worker = || -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
         let mut ws = pipeline.take_workspace();
-        ws.skip_v1_body = out == Proto::V2;
+        ws.skip_v1_body = out == Proto::V2 || tenancy.is_some();
         let mut drained = Vec::new();
+        let family_tenants = std::sync::Mutex::new(promnorm::wire::split::FamilyTenants::new());
         let mut pass = |ws: &mut promnorm::pipeline::Workspace| -> anyhow::Result<()> {
             for b in &bodies.list {
                 pipeline.process_as(ws, b, input)?;
-                if out == Proto::V2 {
+                if let Some(label) = tenancy {
+                    split_and_encode(ws, label, out, &family_tenants)?;
+                } else if out == Proto::V2 {
                     pipeline.encode_v2(ws)?;
                 }
                 if let Some(d) = pipeline.deriver() {
@@ -457,6 +474,40 @@ fn pipeline_cost(
             "commit": std::env::var("BENCH_COMMIT").unwrap_or_default(),
         })
     );
+    Ok(())
+}
+
+/// What the router does with a processed request for a tenancy group keyed by `label`
+/// (the tenant label kept): split it by tenant, encode each tenant's body.
+fn split_and_encode(
+    ws: &mut promnorm::pipeline::Workspace,
+    label: &str,
+    out: Proto,
+    family_tenants: &std::sync::Mutex<promnorm::wire::split::FamilyTenants>,
+) -> anyhow::Result<()> {
+    use promnorm::wire::bodies::V2Output;
+    use promnorm::wire::split::{Orphans, SplitOptions};
+    let input = ws.route_input();
+    let opts = SplitOptions {
+        label: label.as_bytes(),
+        default: Some(b"anonymous"),
+        keep_label: true,
+        max_tenants: usize::MAX,
+    };
+    let orphans = Orphans {
+        memory: family_tenants,
+        untenanted_ok: true,
+    };
+    input.split.split_routed(input.mapped, &opts, &orphans)?;
+    for tb in input.split.tenant_bodies() {
+        let (v1_done, v2) = match out {
+            Proto::V1 => (None, V2Output::No),
+            Proto::V2 => (Some(&[][..]), V2Output::Yes(None)),
+        };
+        input
+            .bodies
+            .encode(&tb.body, input.has_start_timestamps, v1_done, v2)?;
+    }
     Ok(())
 }
 

@@ -597,12 +597,15 @@ pub fn all_ascii(bytes: &[u8]) -> bool {
     if bytes.len() < 8 {
         return bytes.iter().fold(0u8, |acc, &b| acc | b) < 0x80;
     }
+    // Eight word lanes, folded together once at the end (a vector register or two).
+    let mut lanes = [0u64; 8];
     let mut blocks = bytes.chunks_exact(64);
-    let mut block_acc = 0u8;
     for block in &mut blocks {
-        block_acc |= block.iter().fold(0u8, |acc, &b| acc | b);
+        for (lane, w) in lanes.iter_mut().zip(block.chunks_exact(8)) {
+            *lane |= word(w);
+        }
     }
-    let mut acc = u64::from(block_acc);
+    let mut acc = lanes.iter().fold(0, |a, l| a | l);
     for w in blocks.remainder().chunks_exact(8) {
         acc |= word(w);
     }

@@ -343,11 +343,20 @@ impl TenantSplit {
             }
             let (s, e) = r.len_delimited()?;
             // The tenant label, and where it sits in the series.
-            let mut tenant: Option<(usize, usize)> = None;
-            let mut label_at: Option<(usize, usize)> = None;
-            let mut metric_name: Bounds = (s, s);
-            let mut samples = 0u64;
-            let mut sr = Reader::new(v1, s, e);
+            let fast = series_fields_fast(v1, s, e, opts.label);
+            let walked = fast.is_some();
+            let SeriesFields {
+                mut tenant,
+                mut label_at,
+                mut metric_name,
+                mut samples,
+            } = fast.unwrap_or(SeriesFields {
+                tenant: None,
+                label_at: None,
+                metric_name: (s, s),
+                samples: 0,
+            });
+            let mut sr = Reader::new(v1, if walked { e } else { s }, e);
             while !sr.is_done() {
                 let from = sr.pos();
                 let is_label = sr.eat(0x0a) || {
@@ -592,6 +601,76 @@ fn metadata_family(buf: &[u8], start: usize, end: usize) -> Result<Bounds, Decod
     Ok(family)
 }
 
+/// What the split needs of one series.
+struct SeriesFields {
+    /// The tenant label's value.
+    tenant: Option<Bounds>,
+    /// The whole tenant label field (key to end).
+    label_at: Option<Bounds>,
+    metric_name: Bounds,
+    /// Float samples and histograms.
+    samples: u64,
+}
+
+/// [`SeriesFields`] of the series `buf[start..end]` in the shape the mapper writes
+/// (every label `0x0a LEN 0x0a NL name 0x12 VL value`, then samples, exemplars and
+/// histograms, every length one byte), read by byte position with no field dispatch;
+/// `None` for anything else (the general walk takes the series, with its errors).
+#[inline]
+fn series_fields_fast(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    tenant_label: &[u8],
+) -> Option<SeriesFields> {
+    let msg = buf.get(start..end)?;
+    let mut out = SeriesFields {
+        tenant: None,
+        label_at: None,
+        metric_name: (start, start),
+        samples: 0,
+    };
+    let mut p = 0usize;
+    while msg.get(p) == Some(&0x0a) {
+        let mut head = [0u8; 4];
+        head.copy_from_slice(msg.get(p..p + 4)?);
+        // Key 0x0a, length < 128, name key 0x0a, name length < 128: one comparison.
+        if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
+            return None;
+        }
+        let (len, nl) = (head[1] as usize, head[3] as usize);
+        let value_key = p + 4 + nl;
+        let next = p + 2 + len;
+        // The value's key and length fill the rest of the label exactly.
+        if next > msg.len()
+            || value_key + 2 > next
+            || msg[value_key] != 0x12
+            || value_key + 2 + msg[value_key + 1] as usize != next
+        {
+            return None;
+        }
+        let name = &msg[p + 4..value_key];
+        let value = (start + value_key + 2, start + next);
+        if short_eq(name, tenant_label) {
+            out.tenant = Some(value);
+            out.label_at = Some((start + p, start + next));
+        } else if is_metric_name(name) {
+            out.metric_name = value;
+        }
+        p = next;
+    }
+    while p < msg.len() {
+        let head = msg.get(p..p + 2)?;
+        let len = head[1] as usize;
+        if !matches!(head[0], 0x12 | 0x1a | 0x22) || len >= 0x80 || p + 2 + len > msg.len() {
+            return None;
+        }
+        out.samples += u64::from(head[0] != 0x1a);
+        p += 2 + len;
+    }
+    Some(out)
+}
+
 fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
     let mut name = (start, start);
     let mut value = (start, start);
@@ -668,6 +747,86 @@ mod tests {
                 (t, f)
             })
             .collect()
+    }
+
+    /// The byte-position read of the usual shape and the general walk agree: series in
+    /// other shapes (a label with a two-byte length, a label written value first, a label
+    /// after the samples) are split by the general walk, with the same result.
+    #[test]
+    fn series_in_any_shape_reach_their_tenant_with_the_label_dropped() {
+        let label = |name: &[u8], value: &[u8], value_first: bool| {
+            let mut l = Vec::new();
+            let fields = [(1, name), (2, value)];
+            let order = if value_first { [1, 0] } else { [0, 1] };
+            for i in order {
+                crate::wire::pb::put_bytes_field(&mut l, fields[i].0, fields[i].1);
+            }
+            l
+        };
+        let long = "t".repeat(200);
+        let mut sample = Vec::new();
+        sample.push(0x09);
+        sample.extend_from_slice(&1f64.to_bits().to_le_bytes());
+        sample.extend_from_slice(&[0x10, 0x01]);
+        let shapes: Vec<(Vec<Vec<u8>>, bool, &str)> = vec![
+            (
+                vec![
+                    label(b"__name__", b"up", false),
+                    label(b"tenant", b"a", false),
+                ],
+                false,
+                "a",
+            ),
+            (
+                vec![
+                    label(b"__name__", b"up", false),
+                    label(b"tenant", long.as_bytes(), false),
+                ],
+                false,
+                &long,
+            ),
+            (
+                vec![
+                    label(b"__name__", b"up", false),
+                    label(b"tenant", b"b", true),
+                ],
+                false,
+                "b",
+            ),
+            (
+                vec![
+                    label(b"__name__", b"up", false),
+                    label(b"tenant", b"c", false),
+                ],
+                true,
+                "c",
+            ),
+        ];
+        for (labels, label_last, tenant) in shapes {
+            let mut series = Vec::new();
+            let (first, last) = labels.split_at(if label_last { 1 } else { labels.len() });
+            for l in first {
+                crate::wire::pb::put_bytes_field(&mut series, 1, l);
+            }
+            crate::wire::pb::put_bytes_field(&mut series, 2, &sample);
+            for l in last {
+                crate::wire::pb::put_bytes_field(&mut series, 1, l);
+            }
+            let mut body = Vec::new();
+            crate::wire::pb::put_bytes_field(&mut body, 1, &series);
+            let mut split = TenantSplit::new();
+            let bodies = split.split(&body, &opts(None, false, 10)).unwrap();
+            assert_eq!(bodies.len(), 1, "{tenant}");
+            let (t, req) = decoded(&bodies[0]);
+            assert_eq!(t.as_deref(), Some(tenant));
+            assert_eq!(bodies[0].samples, 1);
+            let names: Vec<_> = req.timeseries[0]
+                .labels
+                .iter()
+                .map(|l| l.name.as_str())
+                .collect();
+            assert_eq!(names, ["__name__"], "{tenant}: the tenant label dropped");
+        }
     }
 
     #[test]
