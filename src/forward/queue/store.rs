@@ -158,6 +158,12 @@ pub struct DiskStore {
     corrupt: Skipped,
     fsync_each: bool,
     dirty: bool,
+    /// Records were acknowledged since the cursor was last written. The cursor is
+    /// written with the periodic sync, when the store is synced or dropped, and before a
+    /// segment is deleted, not after every record (a file write and a rename each time
+    /// cost the sender as much as the record's own write): a crash re-sends at most what
+    /// was delivered since, never loses anything.
+    cursor_dirty: bool,
     frame: Vec<u8>,
 }
 
@@ -218,6 +224,7 @@ impl DiskStore {
             corrupt: Skipped::default(),
             fsync_each,
             dirty: false,
+            cursor_dirty: false,
             frame: Vec::new(),
         };
         let last = segments.last().copied();
@@ -320,28 +327,54 @@ impl DiskStore {
             .entries
             .front()
             .map_or(self.write_segment, |e| e.segment);
-        self.remove_segments_before(keep_from);
-        if self.entries.is_empty() && self.write_offset > 0 {
-            // Everything acknowledged, the write segment included: start it again from
-            // its beginning so its space comes back (a full disk recovers once drained).
-            // The cursor moves first: a crash before the truncation re-sends, never loses.
-            let at = self.write_offset;
-            self.write_offset = 0;
-            match self.write_cursor() {
-                Ok(()) => {
-                    if let Err(e) = self.writer.set_len(0) {
-                        tracing::warn!(dir = %self.dir.display(), error = %e, "truncating the delivered queue segment");
-                    }
-                }
-                Err(e) => {
-                    self.write_offset = at;
-                    tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
-                }
-            }
+        if self.first_segment < keep_from {
+            // The cursor moves on before the segments behind it go: a cursor naming a
+            // deleted segment would replay everything after a crash.
+            self.cursor_dirty = true;
+            self.flush_cursor();
+            self.remove_segments_before(keep_from);
+        }
+        self.cursor_dirty = true;
+        if self.entries.is_empty() && self.write_offset >= self.segment_bytes / 4 {
+            self.reclaim();
+        }
+    }
+
+    /// Writes the cursor if records were acknowledged since it was last written. A
+    /// drained write segment is started again from its beginning at the same time.
+    fn flush_cursor(&mut self) {
+        if !self.cursor_dirty {
             return;
         }
-        if let Err(e) = self.write_cursor() {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
+        if self.entries.is_empty() && self.write_offset > 0 {
+            self.reclaim();
+            return;
+        }
+        match self.write_cursor() {
+            Ok(()) => self.cursor_dirty = false,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
+            }
+        }
+    }
+
+    /// Everything acknowledged, the write segment included: starts it again from its
+    /// beginning so its space comes back (a full disk recovers once drained). The cursor
+    /// moves first: a crash before the truncation re-sends, never loses.
+    fn reclaim(&mut self) {
+        let at = self.write_offset;
+        self.write_offset = 0;
+        match self.write_cursor() {
+            Ok(()) => {
+                self.cursor_dirty = false;
+                if let Err(e) = self.writer.set_len(0) {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "truncating the delivered queue segment");
+                }
+            }
+            Err(e) => {
+                self.write_offset = at;
+                tracing::warn!(dir = %self.dir.display(), error = %e, "writing the queue cursor");
+            }
         }
     }
 
@@ -367,7 +400,19 @@ impl Store for DiskStore {
         }
         // Written at the offset the index records (not O_APPEND): a failed write leaves
         // the next one at the same place whatever the file's length.
-        if let Err(e) = self.writer.write_all_at(&self.frame, self.write_offset) {
+        let mut written = self.writer.write_all_at(&self.frame, self.write_offset);
+        if written.as_ref().is_err_and(crate::sys::is_no_space)
+            && self.entries.is_empty()
+            && self.write_offset > 0
+        {
+            // A disk filled by records all delivered: their space comes back now.
+            let _ = self.writer.set_len(self.write_offset);
+            self.reclaim();
+            if self.write_offset == 0 {
+                written = self.writer.write_all_at(&self.frame, 0);
+            }
+        }
+        if let Err(e) = written {
             let _ = self.writer.set_len(self.write_offset);
             let err = StoreError::from(e);
             // Out of space: the next record goes to a new segment, so this one's space
@@ -457,6 +502,7 @@ impl Store for DiskStore {
     }
 
     fn sync(&mut self) -> Result<(), StoreError> {
+        self.flush_cursor();
         if self.dirty {
             self.writer.sync_data()?;
             self.dirty = false;
@@ -465,6 +511,7 @@ impl Store for DiskStore {
     }
 
     fn sync_handle(&mut self) -> Result<Option<File>, StoreError> {
+        self.flush_cursor();
         if !self.dirty {
             return Ok(None);
         }
@@ -477,6 +524,13 @@ impl Store for DiskStore {
 
     fn take_corrupt(&mut self) -> Skipped {
         std::mem::take(&mut self.corrupt)
+    }
+}
+
+impl Drop for DiskStore {
+    /// A store closed in order leaves its cursor current: nothing delivered is re-sent.
+    fn drop(&mut self) {
+        self.flush_cursor();
     }
 }
 
@@ -847,6 +901,9 @@ mod tests {
         }
         assert!(bytes_on_disk(&dir) > 200_000);
         drain(&mut s);
+        // The space comes back with the next (periodic) sync, at once when the segment
+        // is large, and at once when a write finds the disk full (the tmpfs test below).
+        s.sync().unwrap();
         assert_eq!(
             bytes_on_disk(&dir),
             0,
