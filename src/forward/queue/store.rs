@@ -335,7 +335,10 @@ impl DiskStore {
             self.remove_segments_before(keep_from);
         }
         self.cursor_dirty = true;
-        if self.entries.is_empty() && self.write_offset >= self.segment_bytes / 4 {
+        if self.fsync_each {
+            // Every record synced as it comes (`fsync_interval: 0s`): the cursor too.
+            self.flush_cursor();
+        } else if self.entries.is_empty() && self.write_offset >= self.segment_bytes / 4 {
             self.reclaim();
         }
     }
