@@ -169,6 +169,10 @@ pub struct DecodedRequest {
     pub(super) refs: Vec<u32>,
     pub(super) md_index: ahash::AHashMap<u64, u32>,
     pub(super) md_hasher: ahash::RandomState,
+    /// 2.0: the label names (symbol spans) of the last series that arrived sorted, and
+    /// where its `__name__` is: a series with the same names needs no sort check.
+    pub(super) sorted_names: Vec<Span>,
+    pub(super) sorted_name_at: usize,
 }
 
 impl DecodedRequest {
@@ -186,6 +190,7 @@ impl DecodedRequest {
         self.symbols.clear();
         self.refs.clear();
         self.md_index.clear();
+        self.sorted_names.clear();
     }
 
     pub fn sample_count(&self) -> usize {

@@ -299,7 +299,7 @@ impl DecodedRequest {
             start: labels_start,
             end: self.labels.len() as u32,
         };
-        let (name, in_order) = check_labels(buf, &mut self.labels[labels.usize()])?;
+        let (name, in_order) = self.check_labels_v2(buf, labels)?;
         let samples = Range32 {
             start: samples_start,
             end: self.samples.len() as u32,
@@ -331,6 +331,38 @@ impl DecodedRequest {
             s.labels_in_order = in_order;
         }
         Ok(())
+    }
+
+    /// [`check_labels`], or, for a series whose label names are the previous sorted
+    /// series' (the same symbols: one family, one target, in the sender's order), only
+    /// what can differ: empty values and the `__name__` value.
+    fn check_labels_v2(
+        &mut self,
+        buf: &[u8],
+        labels: Range32,
+    ) -> Result<(Span, bool), DecodeError> {
+        let ls = &mut self.labels[labels.usize()];
+        if !self.sorted_names.is_empty()
+            && ls.len() == self.sorted_names.len()
+            && ls.iter().zip(&self.sorted_names).all(|(l, n)| l.name == *n)
+        {
+            let name = ls[self.sorted_name_at].value;
+            if name.is_empty() {
+                return Err(DecodeError::MissingMetricName);
+            }
+            return Ok((name, ls.iter().all(|l| !l.value.is_empty())));
+        }
+        let (name, in_order) = check_labels(buf, ls)?;
+        self.sorted_names.clear();
+        if in_order
+            && let Some(at) = ls
+                .iter()
+                .position(|l| super::decode::is_metric_name(l.name.bytes(buf)))
+        {
+            self.sorted_names.extend(ls.iter().map(|l| l.name));
+            self.sorted_name_at = at;
+        }
+        Ok((name, in_order))
     }
 
     fn decode_series_metadata(
@@ -601,6 +633,62 @@ mod tests {
         out.push(ts.len() as u8);
         out.extend_from_slice(&ts);
         out
+    }
+
+    /// Series with the label names of the sorted series before them skip the sort
+    /// check but not the checks of values: an empty value, an empty `__name__` (the same
+    /// symbol as another label's value, so `__name__` is found by name).
+    #[test]
+    fn series_repeating_the_names_before_them_are_still_checked() {
+        let symbols: Vec<String> = ["", "__name__", "up", "job", "b", "a"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let series = |refs: Vec<u32>| v2::TimeSeries {
+            labels_refs: refs,
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 10,
+                start_timestamp: 0,
+            }],
+            ..Default::default()
+        };
+        let decode = |ts: Vec<v2::TimeSeries>| {
+            let buf = v2::Request {
+                symbols: symbols.clone(),
+                timeseries: ts,
+            }
+            .encode_to_vec();
+            let mut d = DecodedRequest::default();
+            d.decode_v2(&buf, DecodeLimits::default()).map(|()| {
+                d.series
+                    .iter()
+                    .map(|s| (s.name.str(&buf).to_owned(), s.labels_in_order))
+                    .collect::<Vec<_>>()
+            })
+        };
+        // job="up" first, then __name__: the same symbol; unsorted, then sorted.
+        let got = decode(vec![
+            series(vec![3, 2, 1, 2]),
+            series(vec![1, 2, 3, 2]),
+            series(vec![1, 2, 3, 4]),
+            series(vec![1, 2, 3, 0]),
+        ])
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                ("up".into(), false),
+                ("up".into(), true),
+                ("up".into(), true),
+                ("up".into(), false)
+            ]
+        );
+        let err = decode(vec![series(vec![1, 2, 3, 4]), series(vec![1, 0, 3, 4])]);
+        assert!(
+            matches!(err, Err(DecodeError::MissingMetricName)),
+            "{err:?}"
+        );
     }
 
     #[test]
