@@ -1340,3 +1340,45 @@ rules:
         ]
     );
 }
+
+/// A name another rule renames onto merges with the renamed series even when its own
+/// plan only filters (it is never written as its own bytes beside them).
+#[test]
+fn a_filtered_name_that_a_rename_writes_still_merges() {
+    let p = user_pack_pipeline(
+        "filtered-output",
+        r#"
+pack: mine
+rules:
+  - match: {family: old_depth}
+    rename: new_depth
+  - match: {family: new_depth, labels: {env: dev}}
+    drop: dev_series
+"#,
+        "none",
+    )
+    .unwrap();
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[("__name__", "new_depth"), ("env", "prod")],
+                &[(1.0, 1000)],
+            ),
+            series(
+                &[("__name__", "old_depth"), ("env", "prod")],
+                &[(2.0, 2000)],
+            ),
+            series(&[("__name__", "new_depth"), ("env", "dev")], &[(3.0, 1000)]),
+        ],
+        metadata: vec![],
+    };
+    let out = run(&p, &req);
+    let got = find(&out, "new_depth");
+    assert_eq!(got.len(), 1, "{out:?}");
+    let s: Vec<_> = got[0]
+        .samples
+        .iter()
+        .map(|x| (x.timestamp, x.value))
+        .collect();
+    assert_eq!(s, [(1000, 1.0), (2000, 2.0)]);
+}

@@ -168,7 +168,7 @@ impl Rules {
         }
         for (out, _) in outputs {
             if let Some(Resolution::Plan(plan)) = self.names.get_mut(out.as_str()) {
-                Arc::make_mut(plan).is_output = true;
+                Arc::make_mut(plan).mark_output();
                 continue;
             }
             // A name rules write may itself be matched by prefix or regex rules (a label
@@ -176,7 +176,7 @@ impl Rules {
             // get those rules too, not only the collision merge.
             let resolution = match self.plan_for(&out) {
                 Some(mut plan) => {
-                    plan.is_output = true;
+                    plan.mark_output();
                     Resolution::Plan(Arc::new(plan))
                 }
                 None => Resolution::OutputName,

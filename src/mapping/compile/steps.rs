@@ -194,6 +194,15 @@ impl Plan {
         });
     }
 
+    /// Notes that some exact rule writes this name, on the plan of the name's series
+    /// without native histograms too.
+    pub(super) fn mark_output(&mut self) {
+        self.is_output = true;
+        if let Some(w) = self.without_native.as_mut() {
+            Arc::make_mut(w).is_output = true;
+        }
+    }
+
     /// A series of this name that no step changed may leave as its own bytes, outside
     /// the merge area: nothing else can land on its label set (see [`Plan::keeps_labels`]).
     pub fn unchanged_may_pass(&self) -> bool {
