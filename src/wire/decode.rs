@@ -384,34 +384,24 @@ impl DecodedRequest {
         let mut longest_value = 0usize;
         // Label: 0x0a LEN 0x0a NL name 0x12 VL value, LEN = 4 + NL + VL.
         while msg.get(p) == Some(&0x0a) {
-            let head = msg.get(p..p + 4)?;
-            let (len, nl) = (head[1] as usize, head[3] as usize);
-            if len >= 0x80 || head[2] != 0x0a || nl == 0 || nl >= 0x80 {
+            let label = short_label_at(msg, p)?;
+            let (name_at, value_at) = (label.name.clone(), label.value.clone());
+            let label_name = &msg[name_at.clone()];
+            // Non-empty name and value; strictly ascending names: sorted, no name twice.
+            if name_at.is_empty() || value_at.is_empty() || !name_less(prev_name, label_name) {
                 return None;
             }
-            let value_key = p + 4 + nl;
-            let vhead = msg.get(value_key..value_key + 2)?;
-            let vl = vhead[1] as usize;
-            if vhead[0] != 0x12 || vl == 0 || vl >= 0x80 || 4 + nl + vl != len {
-                return None;
-            }
-            let label_name = msg.get(p + 4..value_key)?;
-            let value_end = value_key + 2 + vl;
-            // Strictly ascending names: sorted, and no name twice.
-            if value_end > msg.len() || !name_less(prev_name, label_name) {
-                return None;
-            }
-            let value = Span::new(start + value_key + 2, start + value_end);
+            let value = Span::new(start + value_at.start, start + value_at.end);
             if is_metric_name(label_name) {
                 name = Some(value);
             }
-            longest_value = longest_value.max(vl);
+            longest_value = longest_value.max(value_at.len());
             self.labels.push(LabelSpan {
-                name: Span::new(start + p + 4, start + value_key),
+                name: Span::new(start + name_at.start, start + name_at.end),
                 value,
             });
             prev_name = label_name;
-            p = value_end;
+            p = value_at.end;
         }
         if p == 0
             || longest_value > limits.max_label_value_bytes
@@ -585,6 +575,40 @@ impl DecodedRequest {
         self.metadata.push(md);
         Ok(())
     }
+}
+
+/// A `Label` field at `msg[p..]` in the shape every sender writes: key 0x0a, a length,
+/// the name field (0x0a, length, name), the value field (0x12, length, value), every
+/// length one byte and the two fields filling the label exactly. Positions in `msg`.
+pub struct ShortLabel {
+    pub name: std::ops::Range<usize>,
+    pub value: std::ops::Range<usize>,
+}
+
+/// [`ShortLabel`] at `msg[p..]`, or `None` for any other shape (the general walk's).
+#[inline(always)]
+pub fn short_label_at(msg: &[u8], p: usize) -> Option<ShortLabel> {
+    let mut head = [0u8; 4];
+    head.copy_from_slice(msg.get(p..p + 4)?);
+    // Key 0x0a, length < 128, name key 0x0a, name length < 128: one comparison.
+    if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
+        return None;
+    }
+    let (len, nl) = (head[1] as usize, head[3] as usize);
+    let value_key = p + 4 + nl;
+    let next = p + 2 + len;
+    // The value's key and length fill the rest of the label exactly.
+    if next > msg.len()
+        || value_key + 2 > next
+        || msg[value_key] != 0x12
+        || value_key + 2 + msg[value_key + 1] as usize != next
+    {
+        return None;
+    }
+    Some(ShortLabel {
+        name: p + 4..value_key,
+        value: value_key + 2..next,
+    })
 }
 
 /// True when every byte is ASCII. ORs all bytes together with no early exit (they are

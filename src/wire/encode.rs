@@ -61,21 +61,12 @@ fn put_label(out: &mut Vec<u8>, field: u32, name: &[u8], value: &[u8]) {
 /// qualifies only if the copy is identical to a fresh encoding.
 #[inline]
 pub fn encoded_label_at(buf: &[u8], name: Span, value: Span) -> Option<(usize, usize)> {
-    let (ns, ne, vs, ve) = (
-        name.start as usize,
-        name.end as usize,
-        value.start as usize,
-        value.end as usize,
-    );
-    let (nl, vl) = (ne.checked_sub(ns)?, ve.checked_sub(vs)?);
-    let head = buf.get(ns.checked_sub(4)?..ns)?;
-    let mid = buf.get(ne..vs)?;
-    let len = 4 + nl + vl;
-    (nl > 0
-        && vl > 0
-        && len < 0x80
-        && head == [0x0a, len as u8, 0x0a, nl as u8]
-        && mid == [0x12, vl as u8])
+    let (ns, ve) = (name.start as usize, value.end as usize);
+    let label = super::decode::short_label_at(buf, ns.checked_sub(4)?)?;
+    (label.name == (ns..name.end as usize)
+        && label.value == (value.start as usize..ve)
+        && !label.name.is_empty()
+        && !label.value.is_empty())
     .then_some((ns - 4, ve))
 }
 

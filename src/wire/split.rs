@@ -632,32 +632,16 @@ fn series_fields_fast(
     };
     let mut p = 0usize;
     while msg.get(p) == Some(&0x0a) {
-        let mut head = [0u8; 4];
-        head.copy_from_slice(msg.get(p..p + 4)?);
-        // Key 0x0a, length < 128, name key 0x0a, name length < 128: one comparison.
-        if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
-            return None;
-        }
-        let (len, nl) = (head[1] as usize, head[3] as usize);
-        let value_key = p + 4 + nl;
-        let next = p + 2 + len;
-        // The value's key and length fill the rest of the label exactly.
-        if next > msg.len()
-            || value_key + 2 > next
-            || msg[value_key] != 0x12
-            || value_key + 2 + msg[value_key + 1] as usize != next
-        {
-            return None;
-        }
-        let name = &msg[p + 4..value_key];
-        let value = (start + value_key + 2, start + next);
+        let label = super::decode::short_label_at(msg, p)?;
+        let name = &msg[label.name.clone()];
+        let value = (start + label.value.start, start + label.value.end);
         if short_eq(name, tenant_label) {
             out.tenant = Some(value);
-            out.label_at = Some((start + p, start + next));
+            out.label_at = Some((start + p, start + label.value.end));
         } else if is_metric_name(name) {
             out.metric_name = value;
         }
-        p = next;
+        p = label.value.end;
     }
     while p < msg.len() {
         let head = msg.get(p..p + 2)?;
