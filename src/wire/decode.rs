@@ -857,18 +857,41 @@ pub fn name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.len().cmp(&b.len())
 }
 
-/// `a == b` for label names, values and whole labels: short, so compared eight bytes at a
-/// time inline, where `==` calls `memcmp`.
+/// `a == b` for label names, values and whole labels: short, so compared a word at a
+/// time inline, where `==` calls `memcmp`. The tail is one more word overlapping the
+/// last one compared (and a short slice two overlapping halves), not a byte loop.
 #[inline(always)]
 pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
+    let n = a.len();
+    if n != b.len() {
         return false;
     }
-    let (words_a, words_b) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (rest_a, rest_b) = (words_a.remainder(), words_b.remainder());
-    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
-    words_a.zip(words_b).all(|(x, y)| word(x) == word(y))
-        && rest_a.iter().zip(rest_b).all(|(x, y)| x == y)
+    #[inline(always)]
+    fn word8(s: &[u8], at: usize) -> u64 {
+        s.get(at..at + 8)
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map_or(0, u64::from_ne_bytes)
+    }
+    #[inline(always)]
+    fn word4(s: &[u8], at: usize) -> u32 {
+        s.get(at..at + 4)
+            .and_then(|w| <[u8; 4]>::try_from(w).ok())
+            .map_or(0, u32::from_ne_bytes)
+    }
+    if n >= 8 {
+        let mut at = 0;
+        while at + 8 < n {
+            if word8(a, at) != word8(b, at) {
+                return false;
+            }
+            at += 8;
+        }
+        return word8(a, n - 8) == word8(b, n - 8);
+    }
+    if n >= 4 {
+        return word4(a, 0) == word4(b, 0) && word4(a, n - 4) == word4(b, n - 4);
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 /// `name == "__name__"`, without a call to `memcmp`.
@@ -1097,6 +1120,19 @@ mod tests {
             assert_eq!(name_cmp(a, b), a.cmp(b));
             assert_eq!(name_cmp(b, a), b.cmp(a));
             assert_eq!(short_eq(a, b), a == b);
+        }
+        // Every length up to three words, a difference at every position.
+        let base: Vec<u8> = (0..24u8).map(|i| b'a' + i).collect();
+        for n in 0..=base.len() {
+            assert!(short_eq(&base[..n], &base[..n]));
+            for at in 0..n {
+                let mut other = base[..n].to_vec();
+                other[at] ^= 0x20;
+                assert!(!short_eq(&base[..n], &other), "length {n}, byte {at}");
+            }
+            if n > 0 {
+                assert!(!short_eq(&base[..n], &base[..n - 1]));
+            }
         }
         assert!(is_metric_name(b"__name__"));
         assert!(!is_metric_name(b"instance"));

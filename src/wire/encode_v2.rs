@@ -92,6 +92,8 @@ pub struct V2Encoder {
     /// Open addressing: symbol index + 1, 0 for an empty slot.
     slots: Vec<u32>,
     refs: Vec<u32>,
+    /// The current series' label references, packed (the payload of its field 1).
+    ref_bytes: Vec<u8>,
     series_out: Vec<u8>,
     series_buf: Vec<u8>,
     ex_buf: Vec<u8>,
@@ -103,24 +105,59 @@ pub struct V2Encoder {
     md_by_name: Vec<u32>,
     /// (type, help symbol, unit symbol).
     md_found: Vec<(i32, u32, u32)>,
-    /// The previous series' labels: (span of the encoded `Label` in the mapped body, name
-    /// symbol, value symbol). Consecutive series mostly share their labels (one family,
+    /// The previous series' labels: the span of each encoded `Label` in the mapped body
+    /// and its references. Consecutive series mostly share their labels (one family,
     /// one target): a label equal byte for byte at the same position reuses its symbols
-    /// without hashing. `labels_now` is being filled for the current series.
-    labels_before: Vec<LabelSeen>,
-    labels_now: Vec<LabelSeen>,
+    /// without hashing. Overwritten in place, label by label, by the current series.
+    labels_seen: Vec<LabelSeen>,
 }
 
-/// A label of the previous series (see `V2Encoder::labels_before`).
+/// A label of the previous series (see `V2Encoder::labels_seen`).
 #[derive(Clone, Copy, Debug)]
 struct LabelSeen {
     /// The encoded `Label` in the mapped body.
     span: ByteRange,
+    /// The name in the mapped body, and its symbol.
+    name: ByteRange,
     name_ref: u32,
     value_ref: u32,
     /// The value in the mapped body.
     value: ByteRange,
     is_name: bool,
+    /// `name_ref` and `value_ref` as packed varints: `refs_packed[..refs_len]`.
+    refs_packed: [u8; 10],
+    refs_len: u8,
+}
+
+impl LabelSeen {
+    fn new(
+        span: ByteRange,
+        (name, name_ref): (ByteRange, u32),
+        (value, value_ref): (ByteRange, u32),
+        is_name: bool,
+    ) -> Self {
+        let mut refs_packed = [0u8; 10];
+        let mut len = 0;
+        for mut v in [name_ref, value_ref] {
+            while v >= 0x80 {
+                refs_packed[len] = (v as u8) | 0x80;
+                v >>= 7;
+                len += 1;
+            }
+            refs_packed[len] = v as u8;
+            len += 1;
+        }
+        LabelSeen {
+            span,
+            name,
+            name_ref,
+            value_ref,
+            value,
+            is_name,
+            refs_packed,
+            refs_len: len as u8,
+        }
+    }
 }
 
 impl V2Encoder {
@@ -217,7 +254,7 @@ impl V2Encoder {
         self.md_index.clear();
         self.md_by_name.clear();
         self.md_found.clear();
-        self.labels_before.clear();
+        self.labels_seen.clear();
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
@@ -397,6 +434,54 @@ impl V2Encoder {
         found
     }
 
+    /// Label `k` of the current series, the encoded `Label` at `span` (its name and value
+    /// when already read): its references appended to `ref_bytes`, reused from label `k`
+    /// of the previous series when the bytes are the same. Returns the value's span when
+    /// the label is `__name__`.
+    #[inline(always)]
+    fn take_label(
+        &mut self,
+        buf: &[u8],
+        k: usize,
+        span: ByteRange,
+        parsed: Option<(ByteRange, ByteRange)>,
+    ) -> Result<Option<ByteRange>, DecodeError> {
+        let same = match self.labels_seen.get_mut(k) {
+            Some(before) if short_eq(slice(buf, before.span), slice(buf, span)) => {
+                before.span = span;
+                true
+            }
+            _ => false,
+        };
+        if !same {
+            let (n, v) = match parsed {
+                Some(nv) => nv,
+                None => read_label(buf, span.0 as usize, span.1 as usize)?,
+            };
+            // Mostly only the value changed (`le`, a family's other series' names): the
+            // name's symbol is the previous label's then.
+            let name_ref = match self.labels_seen.get(k) {
+                Some(before) if short_eq(slice(buf, before.name), slice(buf, n)) => before.name_ref,
+                _ => self.symbol(slice(buf, n)),
+            };
+            let value_ref = self.symbol(slice(buf, v));
+            let is_name = super::decode::is_metric_name(slice(buf, n));
+            let seen = LabelSeen::new(span, (n, name_ref), (v, value_ref), is_name);
+            match self.labels_seen.get_mut(k) {
+                Some(slot) => *slot = seen,
+                None => self.labels_seen.push(seen),
+            }
+        }
+        let Some(seen) = self.labels_seen.get(k) else {
+            return Ok(None);
+        };
+        // All ten bytes, then back to the references' length: a fixed-size copy.
+        let at = self.ref_bytes.len();
+        self.ref_bytes.extend_from_slice(&seen.refs_packed);
+        self.ref_bytes.truncate(at + usize::from(seen.refs_len));
+        Ok(seen.is_name.then_some(seen.value))
+    }
+
     fn encode_series(
         &mut self,
         buf: &[u8],
@@ -404,16 +489,33 @@ impl V2Encoder {
         end: usize,
         memory: Option<&MetadataMemory>,
     ) -> Result<(), DecodeError> {
-        self.refs.clear();
-        self.labels_now.clear();
+        self.ref_bytes.clear();
+        let mut k = 0;
         let mut name: (u32, u32) = (0, 0);
         let mut name_ref: Option<u32> = None;
-        let mut r = Reader::new(buf, start, end);
-        // The labels come first (key 0x0a) in every series the mapper writes; the rest
-        // of the message is copied by the second loop below.
-        // `rest_at`: the end of the leading run of labels, where the second loop starts
-        // (it steps over labels anyway, so any label position stays correct).
-        let (mut rest_at, mut leading) = (start, true);
+        // The labels come first (key 0x0a) in every series the mapper writes, nearly
+        // always in the short shape (`wire::decode::short_label_at`), read here without
+        // the field loop; the second loop below reads any other (and steps over labels).
+        let msg = &buf[..end];
+        let mut p = start;
+        while let Some(label) = super::decode::short_label_at(msg, p) {
+            let next = label.value.end;
+            let span = ((p + 2) as u32, next as u32);
+            let parsed = (
+                (label.name.start as u32, label.name.end as u32),
+                (label.value.start as u32, label.value.end as u32),
+            );
+            if let Some(value) = self.take_label(buf, k, span, Some(parsed))? {
+                name = value;
+                name_ref = self.labels_seen.get(k).map(|l| l.value_ref);
+            }
+            k += 1;
+            p = next;
+        }
+        let mut r = Reader::new(buf, p, end);
+        // `rest_at`: the end of the leading run of labels, where the copy of the rest
+        // starts (it steps over labels anyway, so any label position stays correct).
+        let (mut rest_at, mut leading) = (p, true);
         while !r.is_done() {
             if !r.eat(0x0a) {
                 // Not a one-byte label key: a label in a longer key form is still one;
@@ -425,42 +527,42 @@ impl V2Encoder {
                     continue;
                 }
             }
-            {
-                let (s, e) = r.len_delimited()?;
-                if leading {
-                    rest_at = e;
-                }
-                let span = (s as u32, e as u32);
-                let k = self.labels_now.len();
-                let seen = match self.labels_before.get(k) {
-                    Some(before) if short_eq(slice(buf, before.span), slice(buf, span)) => {
-                        LabelSeen { span, ..*before }
-                    }
-                    _ => {
-                        let (n, v) = read_label(buf, s, e)?;
-                        LabelSeen {
-                            span,
-                            name_ref: self.symbol(slice(buf, n)),
-                            value_ref: self.symbol(slice(buf, v)),
-                            value: v,
-                            is_name: super::decode::is_metric_name(slice(buf, n)),
-                        }
-                    }
-                };
-                if seen.is_name {
-                    name = seen.value;
-                    name_ref = Some(seen.value_ref);
-                }
-                self.labels_now.push(seen);
-                let (nr, vr) = (seen.name_ref, seen.value_ref);
-                self.refs.push(nr);
-                self.refs.push(vr);
+            let (s, e) = r.len_delimited()?;
+            if leading {
+                rest_at = e;
             }
+            if let Some(value) = self.take_label(buf, k, (s as u32, e as u32), None)? {
+                name = value;
+                name_ref = self.labels_seen.get(k).map(|l| l.value_ref);
+            }
+            k += 1;
         }
-        std::mem::swap(&mut self.labels_before, &mut self.labels_now);
+        self.labels_seen.truncate(k);
+        let metadata = self.series_metadata(buf, name, name_ref, memory);
+        // The common shape: nothing but samples after the labels. 2.0 numbers `samples`
+        // like 1.0 (field 2, same `Sample` fields), so those bytes are the 2.0 series'
+        // tail as they are, and the series is written once, straight into `series_out`.
+        if only_samples(buf, rest_at, end)? {
+            let mut md = [0u8; 32];
+            let md_len = put_series_metadata(&mut md, metadata);
+            let refs_len = self.ref_bytes.len();
+            let refs_field = if refs_len == 0 {
+                0
+            } else {
+                1 + varint_len(refs_len as u64) + refs_len
+            };
+            let len = refs_field + (end - rest_at) + md_len;
+            let out = &mut self.series_out;
+            put_key(out, V2_TIMESERIES, WIRE_LEN);
+            put_varint(out, len as u64);
+            put_ref_bytes(out, &self.ref_bytes);
+            out.extend_from_slice(&buf[rest_at..end]);
+            out.extend_from_slice(&md[..md_len]);
+            return Ok(());
+        }
         let mut body = std::mem::take(&mut self.series_buf);
         body.clear();
-        put_packed(&mut body, 1, &self.refs);
+        put_ref_bytes(&mut body, &self.ref_bytes);
         let mut r = Reader::new(buf, rest_at, end);
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -480,32 +582,9 @@ impl V2Encoder {
                 _ => r.skip(wire)?,
             }
         }
-        if let Some((metric_type, help_ref, unit_ref)) =
-            self.series_metadata(buf, name, name_ref, memory)
-        {
-            let mut len = 0;
-            for (v, _) in [
-                (metric_type as u64, 1),
-                (help_ref as u64, 3),
-                (unit_ref as u64, 4),
-            ] {
-                if v != 0 {
-                    len += 1 + varint_len(v);
-                }
-            }
-            put_key(&mut body, 5, WIRE_LEN);
-            put_varint(&mut body, len as u64);
-            for (v, f) in [
-                (metric_type as u64, 1),
-                (help_ref as u64, 3),
-                (unit_ref as u64, 4),
-            ] {
-                if v != 0 {
-                    put_key(&mut body, f, WIRE_VARINT);
-                    put_varint(&mut body, v);
-                }
-            }
-        }
+        let mut md = [0u8; 32];
+        let md_len = put_series_metadata(&mut md, metadata);
+        body.extend_from_slice(&md[..md_len]);
         put_bytes_field(&mut self.series_out, V2_TIMESERIES, &body);
         self.series_buf = body;
         Ok(())
@@ -629,6 +708,66 @@ fn read_label(buf: &[u8], start: usize, end: usize) -> Result<(ByteRange, ByteRa
         }
     }
     Ok((name, value))
+}
+
+/// Whether `buf[start..end]`, the rest of a series after its labels, holds samples only
+/// (each field `0x12`, length-delimited).
+fn only_samples(buf: &[u8], start: usize, end: usize) -> Result<bool, DecodeError> {
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        if !r.eat(0x12) {
+            return Ok(false);
+        }
+        r.len_delimited()?;
+    }
+    Ok(true)
+}
+
+/// Writes a 2.0 series' `metadata` field (5) for (type, help symbol, unit symbol) into
+/// `out`; returns its length (0 when there is none). Three varints under 2^32 and their
+/// keys fit in 32 bytes.
+fn put_series_metadata(out: &mut [u8; 32], metadata: Option<(i32, u32, u32)>) -> usize {
+    let Some((metric_type, help_ref, unit_ref)) = metadata else {
+        return 0;
+    };
+    let fields = [
+        // int32: a negative one takes ten bytes, as protobuf writes it.
+        (metric_type as u64, 1),
+        (u64::from(help_ref), 3),
+        (u64::from(unit_ref), 4),
+    ];
+    let mut len = 0;
+    for (v, _) in fields {
+        if v != 0 {
+            len += 1 + varint_len(v);
+        }
+    }
+    let mut at = 0;
+    let mut put = |b: u8| {
+        out[at] = b;
+        at += 1;
+    };
+    put(((5 << 3) | WIRE_LEN as u32) as u8);
+    put(len as u8);
+    for (v, f) in fields {
+        if v != 0 {
+            put(((f << 3) | u32::from(WIRE_VARINT)) as u8);
+            let mut v = v;
+            while v >= 0x80 {
+                put((v as u8) | 0x80);
+                v >>= 7;
+            }
+            put(v as u8);
+        }
+    }
+    at
+}
+
+/// Writes a series' `labels_refs` field (1) from its packed bytes (nothing when empty).
+fn put_ref_bytes(out: &mut Vec<u8>, packed: &[u8]) {
+    if !packed.is_empty() {
+        put_bytes_field(out, 1, packed);
+    }
 }
 
 /// Writes a packed `repeated uint32` field (nothing when empty).
@@ -891,5 +1030,91 @@ mod tests {
         let req = v2::Request::decode(out.as_slice()).unwrap();
         let md = req.timeseries[0].metadata.unwrap();
         assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Any mapped body (labels of every length, shared or not with the previous
+        /// series, samples, exemplars, metadata) comes out of the 2.0 encoder as the same
+        /// series, read back by prost.
+        #[test]
+        fn every_series_reads_back_the_same_through_prost(
+            series in proptest::collection::vec(
+                (
+                    proptest::collection::vec((0usize..6, 0usize..7), 0..8),
+                    proptest::collection::vec((proptest::num::f64::ANY, proptest::num::i64::ANY), 0..3),
+                    proptest::collection::vec((0usize..6, proptest::num::f64::ANY), 0..2),
+                ),
+                0..40,
+            ),
+            with_metadata in proptest::bool::ANY,
+        ) {
+            const NAMES: [&str; 6] = ["__name__", "job", "le", "a", "instance", "long_label_name_that_runs_past_one_hundred_and_twenty_eight_bytes_so_its_length_takes_two_varint_bytes_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"];
+            let long_value = "v".repeat(300);
+            let values: [&str; 7] = ["requests_total", "x_bucket", "0.5", "", "10.0.0.1:9000", &long_value, "x"];
+            let mut request = pb::WriteRequest::default();
+            for (labels, samples, exemplars) in &series {
+                let mut ts = pb::TimeSeries::default();
+                for &(n, v) in labels {
+                    ts.labels.push(pb::Label { name: NAMES[n].into(), value: values[v].into() });
+                }
+                for &(value, timestamp) in samples {
+                    ts.samples.push(pb::Sample { value, timestamp });
+                }
+                for &(n, value) in exemplars {
+                    ts.exemplars.push(pb::Exemplar {
+                        labels: vec![pb::Label { name: NAMES[n].into(), value: "trace".into() }],
+                        value,
+                        timestamp: 3,
+                    });
+                }
+                request.timeseries.push(ts);
+            }
+            if with_metadata {
+                request.metadata.push(pb::MetricMetadata {
+                    r#type: 1,
+                    metric_family_name: "requests".into(),
+                    help: "Requests.".into(),
+                    unit: String::new(),
+                });
+            }
+            let body = request.encode_to_vec();
+            // What prost reads back (it writes no -0.0, as proto3 leaves defaults out).
+            let request = pb::WriteRequest::decode(body.as_slice()).unwrap();
+            let mut out = Vec::new();
+            let written = V2Encoder::new().encode(&body, None, &mut out).unwrap();
+            proptest::prop_assert_eq!(written.series, series.len());
+            let got = v2::Request::decode(out.as_slice()).unwrap();
+            proptest::prop_assert_eq!(got.timeseries.len(), request.timeseries.len());
+            let sym = |r: u32| got.symbols[r as usize].clone();
+            for (want, have) in request.timeseries.iter().zip(&got.timeseries) {
+                let labels: Vec<(String, String)> =
+                    have.labels_refs.chunks(2).map(|p| (sym(p[0]), sym(p[1]))).collect();
+                let wanted: Vec<(String, String)> =
+                    want.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
+                proptest::prop_assert_eq!(labels, wanted);
+                let samples: Vec<(u64, i64)> =
+                    have.samples.iter().map(|s| (s.value.to_bits(), s.timestamp)).collect();
+                let wanted: Vec<(u64, i64)> =
+                    want.samples.iter().map(|s| (s.value.to_bits(), s.timestamp)).collect();
+                proptest::prop_assert_eq!(samples, wanted);
+                proptest::prop_assert_eq!(have.exemplars.len(), want.exemplars.len());
+                for (e, w) in have.exemplars.iter().zip(&want.exemplars) {
+                    proptest::prop_assert_eq!(sym(e.labels_refs[0]), w.labels[0].name.clone());
+                    proptest::prop_assert_eq!(e.value.to_bits(), w.value.to_bits());
+                }
+                // The series' name is its last `__name__` (the mapper writes one).
+                let is_counter = want.labels.iter().rev().find(|l| l.name == "__name__")
+                    .is_some_and(|l| l.value == "requests_total");
+                match &have.metadata {
+                    Some(md) => {
+                        proptest::prop_assert!(with_metadata && is_counter);
+                        proptest::prop_assert_eq!(md.r#type, 1);
+                        proptest::prop_assert_eq!(sym(md.help_ref), "Requests.");
+                    }
+                    None => proptest::prop_assert!(!(with_metadata && is_counter)),
+                }
+            }
+        }
     }
 }
