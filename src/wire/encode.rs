@@ -70,6 +70,57 @@ pub fn encoded_label_at(buf: &[u8], name: Span, value: Span) -> Option<(usize, u
     .then_some((ns - 4, ve))
 }
 
+/// The labels of the previous series written through it, encoded, for a 2.0 request,
+/// whose labels are spans into its symbols table: a label at the same position with the
+/// same name and value spans (the same symbols, so the same bytes) is copied from there
+/// instead of encoded again, neighbours in one copy. Consecutive series mostly share all
+/// but one or two labels (a family's buckets, a target's series). Keys are spans into one
+/// request's buffer: [`LabelMemo::clear`] before each request.
+#[derive(Default)]
+pub struct LabelMemo {
+    prev: MemoSeries,
+    cur: MemoSeries,
+}
+
+/// One series' labels in a [`LabelMemo`]: label `k`'s key and the end of its encoding
+/// in `bytes`.
+#[derive(Default)]
+struct MemoSeries {
+    labels: Vec<(LabelKey, u32)>,
+    bytes: Vec<u8>,
+}
+
+/// A label as spans of the request buffer, name start, name end, value start and value
+/// end from the high bits down ([`label_key`]); [`NO_KEY`] for a label that is not.
+pub type LabelKey = u128;
+
+/// The key of a label that is not spans of the request buffer: never equal to one that
+/// is (a label's name is never empty, so its end differs from its start).
+pub const NO_KEY: LabelKey = 0;
+
+/// The [`LabelKey`] of a label whose name and value are `name` and `value` of the request.
+#[inline(always)]
+pub fn label_key(name: Span, value: Span) -> LabelKey {
+    (u128::from(name.start) << 96)
+        | (u128::from(name.end) << 64)
+        | (u128::from(value.start) << 32)
+        | u128::from(value.end)
+}
+
+impl LabelMemo {
+    pub fn clear(&mut self) {
+        self.prev.clear();
+        self.cur.clear();
+    }
+}
+
+impl MemoSeries {
+    fn clear(&mut self) {
+        self.labels.clear();
+        self.bytes.clear();
+    }
+}
+
 #[inline]
 pub fn write_series_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     put_label(out, 1, name, value);
@@ -90,6 +141,59 @@ impl<'a> SeriesWriter<'a> {
     #[inline]
     pub fn label(&mut self, name: &[u8], value: &[u8]) {
         put_label(self.body, 1, name, value);
+    }
+
+    /// Appends a series' `count` labels, in order, through `memo` (see [`LabelMemo`]):
+    /// label `k` has key `key(k)` and is (name, value) `bytes(k)`, read only when it is
+    /// encoded.
+    #[inline]
+    pub fn labels_memo<'l>(
+        &mut self,
+        memo: &mut LabelMemo,
+        count: usize,
+        key: impl Fn(usize) -> LabelKey,
+        bytes: impl Fn(usize) -> (&'l [u8], &'l [u8]),
+    ) {
+        let start = self.body.len();
+        let (prev, cur) = (&memo.prev, &mut memo.cur);
+        cur.clear();
+        // A run of labels copied from the previous series: `prev.bytes[from..to]`.
+        let mut run: Option<(usize, usize)> = None;
+        let mut from = 0usize;
+        let mut written = 0usize;
+        for k in 0..count {
+            let key = key(k);
+            match prev.labels.get(k) {
+                Some(&(seen, to)) if seen == key && key != NO_KEY => {
+                    let to = to as usize;
+                    match &mut run {
+                        Some((_, run_to)) if *run_to == from => *run_to = to,
+                        _ => {
+                            if let Some((a, b)) = run.replace((from, to)) {
+                                self.body.extend_from_slice(&prev.bytes[a..b]);
+                            }
+                        }
+                    }
+                    written += to - from;
+                }
+                _ => {
+                    if let Some((a, b)) = run.take() {
+                        self.body.extend_from_slice(&prev.bytes[a..b]);
+                    }
+                    let (name, value) = bytes(k);
+                    put_label(self.body, 1, name, value);
+                    written = self.body.len() - start;
+                }
+            }
+            // Where the previous series' label k + 1 starts.
+            from = prev.labels.get(k).map_or(0, |l| l.1 as usize);
+            cur.labels.push((key, written as u32));
+        }
+        if let Some((a, b)) = run {
+            self.body.extend_from_slice(&prev.bytes[a..b]);
+        }
+        cur.bytes.extend_from_slice(&self.body[start..]);
+        std::mem::swap(&mut memo.prev, &mut memo.cur);
     }
 
     /// Appends labels already encoded by [`write_series_label`], in order.
@@ -231,6 +335,51 @@ pub fn write_raw_metadata(out: &mut Vec<u8>, raw: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Series after series, labels written through the memo are byte for byte what
+        /// encoding each label writes, whatever the previous series had at that position
+        /// (same spans, other spans, no spans, more or fewer labels).
+        #[test]
+        fn the_memo_writes_what_encoding_writes(
+            series in proptest::collection::vec(
+                proptest::collection::vec((0usize..5, 0usize..6, proptest::bool::ANY), 0..12),
+                1..30,
+            ),
+        ) {
+            // A request buffer: names and values at fixed spans; value 5 is 200 bytes.
+            let long = "v".repeat(200);
+            let names = ["__name__", "job", "le", "instance", "pod"];
+            let values = ["up", "a", "0.5", "10.0.0.1:9000", "x", long.as_str()];
+            let mut buf = Vec::new();
+            let mut at = |s: &str| {
+                let start = buf.len() as u32;
+                buf.extend_from_slice(s.as_bytes());
+                Span { start, end: buf.len() as u32 }
+            };
+            let name_spans: Vec<Span> = names.iter().map(|n| at(n)).collect();
+            let value_spans: Vec<Span> = values.iter().map(|v| at(v)).collect();
+            let mut memo = LabelMemo::default();
+            let (mut body, mut want) = (Vec::new(), Vec::new());
+            for labels in &series {
+                let mut w = SeriesWriter::new(&mut body);
+                w.labels_memo(
+                    &mut memo,
+                    labels.len(),
+                    |k| {
+                        let (n, v, keyed) = labels[k];
+                        if keyed { label_key(name_spans[n], value_spans[v]) } else { NO_KEY }
+                    },
+                    |k| (names[labels[k].0].as_bytes(), values[labels[k].1].as_bytes()),
+                );
+                want.clear();
+                for &(n, v, _) in labels {
+                    write_series_label(&mut want, names[n].as_bytes(), values[v].as_bytes());
+                }
+                proptest::prop_assert_eq!(&body, &want);
+            }
+        }
+    }
 
     fn fresh(name: &[u8], value: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();

@@ -202,7 +202,28 @@ impl Mapper {
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
             let mut w = SeriesWriter::new(&mut series_buf);
-            self.write_labels(&mut w, o.labels, buf);
+            if req.v2 {
+                // No label of a 2.0 request stands encoded in its buffer: through the memo.
+                let mut memo = std::mem::take(&mut self.label_memo);
+                let labels = &self.out_labels[o.labels.usize()];
+                w.labels_memo(
+                    &mut memo,
+                    labels.len(),
+                    |k| match (labels[k].name, labels[k].value) {
+                        (Str::In(n), Str::In(v)) => label_key(n, v),
+                        _ => NO_KEY,
+                    },
+                    |k| {
+                        (
+                            self.str_bytes(labels[k].name, buf),
+                            self.str_bytes(labels[k].value, buf),
+                        )
+                    },
+                );
+                self.label_memo = memo;
+            } else {
+                self.write_labels(&mut w, o.labels, buf);
+            }
             let first = self.chunks[o.first_chunk as usize];
             if first.next == NONE {
                 for smp in &self.samples[first.samples.usize()] {

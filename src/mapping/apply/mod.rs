@@ -35,7 +35,9 @@ use super::compile::{
 use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
 use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span};
-use crate::wire::encode::{SeriesWriter, write_metadata, write_raw_metadata, write_raw_series};
+use crate::wire::encode::{
+    NO_KEY, SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
+};
 
 /// Prometheus' stale marker. Compared by bits, never by `is_nan()`.
 pub use crate::wire::STALE_NAN_BITS;
@@ -86,6 +88,8 @@ pub struct Mapper {
     gather_hist: Vec<HistOut>,
     gather_ex: Vec<ExemplarOut>,
     series_buf: Vec<u8>,
+    /// The labels of the previous series written from a 2.0 request, encoded.
+    label_memo: crate::wire::encode::LabelMemo,
     taps: Vec<Tapped>,
     tap_labels: Vec<(Str, Str)>,
     tap_samples: Vec<SampleView>,
@@ -228,8 +232,18 @@ impl Mapper {
     ) {
         let mut body = std::mem::take(&mut self.series_buf);
         let mut w = SeriesWriter::new(&mut body);
-        for l in &req.labels[s.labels.usize()] {
-            w.label(l.name.bytes(buf), l.value.bytes(buf));
+        let labels = &req.labels[s.labels.usize()];
+        if req.v2 {
+            w.labels_memo(
+                &mut self.label_memo,
+                labels.len(),
+                |k| label_key(labels[k].name, labels[k].value),
+                |k| (labels[k].name.bytes(buf), labels[k].value.bytes(buf)),
+            );
+        } else {
+            for l in labels {
+                w.label(l.name.bytes(buf), l.value.bytes(buf));
+            }
         }
         for smp in &req.samples[s.samples.usize()] {
             w.sample_view(smp);

@@ -52,6 +52,7 @@ pub(super) struct ExemplarOut {
 impl Mapper {
     /// Empties the per-request buffers, keeping their capacity.
     pub(super) fn reset(&mut self, rules: &Rules) {
+        self.label_memo.clear();
         self.arena.clear();
         self.work.clear();
         self.out_series.clear();
