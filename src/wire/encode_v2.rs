@@ -201,7 +201,7 @@ impl V2Encoder {
             if v == 0 {
                 break;
             }
-            if self.symbol_bytes(v as usize - 1) == s {
+            if short_eq(self.symbol_bytes(v as usize - 1), s) {
                 return v - 1;
             }
             i = (i + 1) & mask;
@@ -368,8 +368,9 @@ impl V2Encoder {
                 continue;
             }
             let type_ok = |t: i32| types.is_empty() || types.iter().any(|&x| i32::from(x) == t);
-            let key = self.hash(family);
-            if let Some(&i) = self.md_index.get(&key)
+            // Most requests carry no metadata (1.0 senders send it apart): no hashing then.
+            if !self.md.is_empty()
+                && let Some(&i) = self.md_index.get(&self.hash(family))
                 && let Some(m) = self.md.get(i as usize)
                 && slice(buf, m.family) == family
             {
@@ -378,7 +379,9 @@ impl V2Encoder {
                 }
                 continue;
             }
-            if let Some(m) = memory.and_then(|mem| mem.get(family))
+            if let Some(m) = memory
+                .filter(|mem| !mem.is_empty())
+                .and_then(|mem| mem.get(family))
                 && type_ok(m.metric_type)
             {
                 return Some((m.metric_type, &m.help, &m.unit));
