@@ -179,6 +179,10 @@ pub struct TenantSplit {
     /// (hash of a series' name, its tenant body, the name's bounds): what this request
     /// teaches the [`FamilyTenants`] memory.
     seen: Vec<(u64, u32, u32, u32)>,
+    /// (name hash, tenant body) last pushed onto `seen` per slot (`RECENT_SLOTS`, by the
+    /// hash's low bits): a request repeats its few hundred names (every histogram's
+    /// `_bucket`, `_sum`, `_count` per label set), pushed and sorted once each then.
+    recent: Vec<(u64, u32)>,
     /// A family name plus a suffix, to look up in the memory.
     name_buf: Vec<u8>,
     /// Tenants the memory gave for one metadata entry.
@@ -204,6 +208,9 @@ const FAMILY_SUFFIXES: [&[u8]; 6] = [
 ];
 
 const NO_TENANT_KEY: u64 = u64::MAX;
+
+/// Slots of `TenantSplit::recent` (a power of two).
+const RECENT_SLOTS: usize = 256;
 
 /// `[start, end)` of the request buffer.
 type Bounds = (usize, usize);
@@ -315,6 +322,8 @@ impl TenantSplit {
         self.families.clear();
         self.metadata_skipped = 0;
         self.seen.clear();
+        self.recent.clear();
+        self.recent.resize(RECENT_SLOTS, (0, u32::MAX));
         self.metadata_dropped = 0;
         // Families are recorded only when there is metadata to place.
         let mut has_metadata = false;
@@ -404,8 +413,11 @@ impl TenantSplit {
             }
             if orphans.is_some() && metric_name.1 > metric_name.0 && !repeat {
                 let h = self.hasher.hash_one(&v1[metric_name.0..metric_name.1]);
-                // Series of one name tend to come together: skip the obvious repeats.
-                if self.seen.last().is_none_or(|l| (l.0, l.1) != (h, i as u32)) {
+                // Skip the names just pushed (a slot may forget one: then it is pushed
+                // again, and deduplicated by the sort below).
+                let slot = &mut self.recent[h as usize & (RECENT_SLOTS - 1)];
+                if *slot != (h, i as u32) {
+                    *slot = (h, i as u32);
                     self.seen
                         .push((h, i as u32, metric_name.0 as u32, metric_name.1 as u32));
                 }
