@@ -91,6 +91,7 @@ pub struct V2Encoder {
     sym_ends: Vec<u32>,
     /// Open addressing: symbol index + 1, 0 for an empty slot.
     slots: Vec<u32>,
+    /// An exemplar's label references (a series' are packed straight into `ref_bytes`).
     refs: Vec<u32>,
     /// The current series' label references, packed (the payload of its field 1).
     ref_bytes: Vec<u8>,
@@ -542,12 +543,12 @@ impl V2Encoder {
         }
         self.labels_seen.truncate(k);
         let metadata = self.series_metadata(buf, name, name_ref, memory);
+        let mut md = [0u8; 32];
+        let md_len = put_series_metadata(&mut md, metadata);
         // The common shape: nothing but samples after the labels. 2.0 numbers `samples`
         // like 1.0 (field 2, same `Sample` fields), so those bytes are the 2.0 series'
         // tail as they are, and the series is written once, straight into `series_out`.
         if only_samples(buf, rest_at, end)? {
-            let mut md = [0u8; 32];
-            let md_len = put_series_metadata(&mut md, metadata);
             let refs_len = self.ref_bytes.len();
             let refs_field = if refs_len == 0 {
                 0
@@ -585,8 +586,6 @@ impl V2Encoder {
                 _ => r.skip(wire)?,
             }
         }
-        let mut md = [0u8; 32];
-        let md_len = put_series_metadata(&mut md, metadata);
         body.extend_from_slice(&md[..md_len]);
         put_bytes_field(&mut self.series_out, V2_TIMESERIES, &body);
         self.series_buf = body;
