@@ -495,6 +495,7 @@ pub fn queue_options(
             .unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         first_backoff: std::time::Duration::from_millis(250),
         max_backoff: std::time::Duration::from_secs(30),
+        max_samples_per_send: q.max_samples_per_send,
     })
 }
 

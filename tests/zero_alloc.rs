@@ -487,6 +487,7 @@ fn queues_allocate_per_request_not_per_sample() {
                         full_status: http::StatusCode::TOO_MANY_REQUESTS,
                         first_backoff: Duration::from_secs(60),
                         max_backoff: Duration::from_secs(60),
+                        max_samples_per_send: 10_000,
                     },
                 );
                 q.start().expect("queue opens");

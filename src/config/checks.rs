@@ -143,6 +143,13 @@ impl Config {
                 format!("backend {name}: queue.max_age must be positive (omit it to keep requests until delivered)"),
             ));
         }
+        if q.max_samples_per_send == 0 {
+            return Err(self.invalid_at(
+                "max_samples_per_send",
+                "0",
+                format!("backend {name}: queue.max_samples_per_send must be at least 1 (1 sends each queued request as it came)"),
+            ));
+        }
         if q.when_full == WhenFullConfig::DropOldest && q.kind != QueueType::Memory {
             return Err(self.invalid_at(
                 "when_full",

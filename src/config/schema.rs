@@ -413,6 +413,9 @@ impl Default for TenancyConfig {
     }
 }
 
+/// `queue.max_samples_per_send` unset.
+pub const DEFAULT_MAX_SAMPLES_PER_SEND: u64 = 10_000;
+
 /// A backend's delivery queue.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -444,6 +447,9 @@ pub struct QueueConfig {
     pub shards: usize,
     /// `reject` (429, the sender's WAL keeps the data) or `drop_oldest` (counted).
     pub when_full: WhenFullConfig,
+    /// A backlog of 1.0 requests is sent as merged requests of up to this many samples
+    /// (each series still in order); `1` sends every queued request as it came.
+    pub max_samples_per_send: u64,
 }
 
 impl Default for QueueConfig {
@@ -456,6 +462,7 @@ impl Default for QueueConfig {
             max_age: None,
             shards: 1,
             when_full: WhenFullConfig::Reject,
+            max_samples_per_send: DEFAULT_MAX_SAMPLES_PER_SEND,
         }
     }
 }

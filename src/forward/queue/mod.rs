@@ -57,6 +57,9 @@ pub struct QueueOptions {
     pub full_status: StatusCode,
     pub first_backoff: Duration,
     pub max_backoff: Duration,
+    /// A backlog's consecutive 1.0 records are sent as one request of at most this
+    /// many samples (a record holding more goes alone); 1: every record alone.
+    pub max_samples_per_send: u64,
 }
 
 /// What the queue holds now, for the gauges read at scrape time and `/-/ready`.
@@ -182,8 +185,8 @@ struct Shard {
 
 struct ShardState {
     store: Box<dyn Store>,
-    /// The front record is being sent: `drop_oldest` must not remove it.
-    in_flight: bool,
+    /// The front records being sent: `drop_oldest` must not remove them.
+    in_flight: usize,
     /// Stopped: nothing may be pushed any more (checked under the lock, so a request
     /// racing a stop is refused, never stored where no sender drains it).
     closed: bool,
@@ -250,7 +253,7 @@ impl Queue {
         for s in &run.shards {
             let mut st = lock(&s.state);
             st.closed = true;
-            st.in_flight = false;
+            st.in_flight = 0;
         }
         Some(Halted {
             name: self.name.clone(),
@@ -724,7 +727,7 @@ impl Queue {
         let mut best: Option<(usize, u64)> = None;
         for (i, s) in run.shards.iter().enumerate() {
             let st = lock(&s.state);
-            if st.store.len() > usize::from(st.in_flight)
+            if st.store.len() > st.in_flight
                 && let Some(t) = st.store.oldest_ms()
                 && best.is_none_or(|(_, b)| t < b)
             {
@@ -734,7 +737,7 @@ impl Queue {
         let (i, _) = best?;
         let removed = {
             let mut st = lock(&run.shards[i].state);
-            let index = usize::from(st.in_flight);
+            let index = st.in_flight;
             st.store.remove(index)?
         };
         run.bytes.fetch_sub(removed.bytes, Ordering::AcqRel);
@@ -858,7 +861,7 @@ impl Queue {
                 .map(|store| Shard {
                     state: Mutex::new(ShardState {
                         store,
-                        in_flight: false,
+                        in_flight: 0,
                         closed: false,
                     }),
                     wake: Notify::new(),
@@ -920,7 +923,12 @@ impl Queue {
     }
 }
 
-/// One shard's sender: the front record, one at a time, until delivered or dropped.
+/// One shard's sender: the oldest records, one request at a time, until delivered or
+/// dropped. When several wait, consecutive 1.0 records with the same headers go as one
+/// request of at most `max_samples_per_send` samples ([`Record::merge`]): a backlog
+/// drains in fewer round trips, each series still in order. A merged request the
+/// backend refuses as bad data is sent again record by record, so that only the records
+/// it refuses are dropped.
 async fn drain_shard(
     run: Arc<Running>,
     index: usize,
@@ -931,8 +939,10 @@ async fn drain_shard(
 ) {
     let shard = &run.shards[index];
     let mut backoff = Backoff::new(opts.first_backoff, opts.max_backoff);
+    // Records still to send one by one after a merged request was refused as bad data.
+    let mut solo_left = 0usize;
     loop {
-        let front = {
+        let batch = {
             let mut st = lock(&shard.state);
             let (len, bytes) = (st.store.len(), st.store.bytes());
             let f = st.store.front();
@@ -955,11 +965,20 @@ async fn drain_shard(
                     corrupt.bytes,
                 );
             }
-            st.in_flight = matches!(f, Ok(Some(_)));
-            f
+            f.map(|front| {
+                front.map(|first| {
+                    let mut batch = vec![first];
+                    if solo_left == 0 {
+                        gather(&mut st, &mut batch, opts.max_samples_per_send);
+                    }
+                    // drop_oldest leaves these alone until they are decided.
+                    st.in_flight = batch.len();
+                    batch
+                })
+            })
         };
-        let rec = match front {
-            Ok(Some(r)) => r,
+        let batch = match batch {
+            Ok(Some(b)) => b,
             Ok(None) => {
                 shard.wake.notified().await;
                 continue;
@@ -970,11 +989,17 @@ async fn drain_shard(
                 continue;
             }
         };
-        let age = Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms));
+        let age = Duration::from_millis(now_ms().saturating_sub(batch[0].enqueued_ms));
         if opts.max_age.is_some_and(|m| age > m) {
-            finish(&run, shard, &name, "max_age");
+            finish(&run, shard, &name, "max_age", 1);
+            solo_left = solo_left.saturating_sub(1);
             continue;
         }
+        let merged = Record::merge(&batch);
+        let (rec, count) = match &merged {
+            Some((m, n)) => (m, *n),
+            None => (&batch[0], 1),
+        };
         let outcome = inner.send(rec.payload(), &rec.header_map()).await;
         match outcome.class() {
             OutcomeClass::Delivered => {
@@ -983,12 +1008,18 @@ async fn drain_shard(
                     &name,
                     Duration::from_millis(now_ms().saturating_sub(rec.enqueued_ms)),
                 );
-                finish(&run, shard, &name, "");
+                finish(&run, shard, &name, "", count);
+                solo_left = solo_left.saturating_sub(1);
                 backoff.reset();
+            }
+            OutcomeClass::DataRejected if count > 1 => {
+                tracing::info!(backend = %name, ?outcome, requests = count, "backend refused a merged request as bad data; sending its requests one by one");
+                solo_left = count;
             }
             OutcomeClass::DataRejected => {
                 tracing::warn!(backend = %name, ?outcome, samples = rec.samples, "backend rejected queued samples; dropped");
-                finish(&run, shard, &name, "backend_rejected");
+                finish(&run, shard, &name, "backend_rejected", 1);
+                solo_left = solo_left.saturating_sub(1);
             }
             _ => {
                 telemetry::queue_retry(&name);
@@ -998,15 +1029,30 @@ async fn drain_shard(
     }
 }
 
-/// Removes the front record of a shard; `drop_reason` non-empty counts its samples as
-/// dropped for that reason.
-fn finish(run: &Running, shard: &Shard, name: &str, drop_reason: &'static str) {
-    let removed = {
+/// Adds to `batch` (holding the front record) the records after it that can go in the
+/// same request, while the samples stay within `max_samples`.
+fn gather(st: &mut ShardState, batch: &mut Vec<Record>, max_samples: u64) {
+    let mut samples = batch[0].samples;
+    let mut i = 1;
+    while let Ok(Some(next)) = st.store.get(i) {
+        if samples + next.samples > max_samples || !batch[0].mergeable(&next) {
+            break;
+        }
+        samples += next.samples;
+        batch.push(next);
+        i += 1;
+    }
+}
+
+/// Removes the `count` front records of a shard; `drop_reason` non-empty counts their
+/// samples as dropped for that reason.
+fn finish(run: &Running, shard: &Shard, name: &str, drop_reason: &'static str, count: usize) {
+    let removed: Vec<_> = {
         let mut st = lock(&shard.state);
-        st.in_flight = false;
-        st.store.pop_front()
+        st.in_flight = 0;
+        (0..count).map_while(|_| st.store.pop_front()).collect()
     };
-    if let Some(r) = removed {
+    for r in removed {
         run.bytes.fetch_sub(r.bytes, Ordering::AcqRel);
         run.requests.fetch_sub(1, Ordering::Relaxed);
         run.refusing.store(false, Ordering::Relaxed);
@@ -1074,18 +1120,23 @@ mod tests {
             full_status: StatusCode::TOO_MANY_REQUESTS,
             first_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(50),
+            max_samples_per_send: 10_000,
         }
     }
 
     fn body() -> Payload {
+        body_of("m", 1.0)
+    }
+
+    fn body_of(name: &str, value: f64) -> Payload {
         let req = crate::wire::proto::prometheus::WriteRequest {
             timeseries: vec![crate::wire::proto::prometheus::TimeSeries {
                 labels: vec![crate::wire::proto::prometheus::Label {
                     name: "__name__".into(),
-                    value: "m".into(),
+                    value: name.into(),
                 }],
                 samples: vec![crate::wire::proto::prometheus::Sample {
-                    value: 1.0,
+                    value,
                     timestamp: 1,
                 }],
                 ..Default::default()
@@ -1133,5 +1184,98 @@ mod tests {
         }
         assert!(!q.state().unwrap().refusing);
         q.stop(Duration::ZERO).await;
+    }
+
+    /// A backend that holds its first request until `gate` opens (so that a backlog
+    /// builds), notes each request's series, and refuses as bad data (400) any request
+    /// holding a series named `bad`.
+    struct Recorder {
+        gate: tokio::sync::Notify,
+        opened: AtomicBool,
+        seen: Mutex<Vec<Vec<(String, f64)>>>,
+    }
+
+    impl Transport for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn send<'a>(&'a self, p: Payload, _: &'a HeaderMap) -> super::super::SendFuture<'a> {
+            Box::pin(async move {
+                if !self.opened.load(Ordering::Acquire) {
+                    self.gate.notified().await;
+                    self.opened.store(true, Ordering::Release);
+                }
+                let raw = snap::raw::Decoder::new().decompress_vec(&p.v1).unwrap();
+                let req: crate::wire::proto::prometheus::WriteRequest =
+                    prost::Message::decode(raw.as_slice()).unwrap();
+                let series: Vec<(String, f64)> = req
+                    .timeseries
+                    .iter()
+                    .map(|t| (t.labels[0].value.clone(), t.samples[0].value))
+                    .collect();
+                let bad = series.iter().any(|(n, _)| n == "bad");
+                lock(&self.seen).push(series);
+                if bad {
+                    Outcome::Rejected {
+                        status: StatusCode::BAD_REQUEST,
+                        retry_after: None,
+                        reason: "bad".into(),
+                    }
+                } else {
+                    Outcome::Delivered
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_backlog_goes_out_merged_in_order_and_a_refused_merge_is_sent_again_one_by_one() {
+        for memory in [true, false] {
+            let dir = std::env::temp_dir().join(format!("promnorm-q-merge-{memory}-{}", now_ms()));
+            let mut o = opts(&dir, 1);
+            o.max_samples_per_send = 3;
+            if memory {
+                o.kind = QueueKind::Memory;
+            }
+            let backend = Arc::new(Recorder {
+                gate: tokio::sync::Notify::new(),
+                opened: AtomicBool::new(false),
+                seen: Mutex::new(Vec::new()),
+            });
+            let q = Queue::new(backend.clone(), Vec::new(), None, metrics(), o);
+            q.start().unwrap();
+            for i in 1..=10 {
+                let name = if i == 6 { "bad" } else { "m" };
+                assert!(matches!(
+                    q.send(body_of(name, f64::from(i)), &HeaderMap::new()),
+                    Outcome::Queued
+                ));
+                // The first request is in flight before the rest are queued.
+                tokio::task::yield_now().await;
+            }
+            backend.gate.notify_one();
+            for _ in 0..500 {
+                if q.state().unwrap().requests == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(q.state().unwrap().requests, 0, "memory {memory}");
+            let values = |r: &Vec<(String, f64)>| r.iter().map(|(_, v)| *v).collect::<Vec<f64>>();
+            let seen: Vec<Vec<f64>> = lock(&backend.seen).iter().map(values).collect();
+            let want: Vec<Vec<f64>> = vec![
+                vec![1.0],
+                vec![2.0, 3.0, 4.0],
+                // Refused as a whole, then one by one: only the bad record is dropped.
+                vec![5.0, 6.0, 7.0],
+                vec![5.0],
+                vec![6.0],
+                vec![7.0],
+                vec![8.0, 9.0, 10.0],
+            ];
+            assert_eq!(seen, want, "memory {memory}");
+            q.stop(Duration::ZERO).await;
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

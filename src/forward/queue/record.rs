@@ -328,6 +328,87 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The largest uncompressed 1.0 body of a merged batch ([`Record::merge`]): far below
+/// what receivers take (VictoriaMetrics `-maxInsertRequestSize` 32 MiB, Mimir's
+/// distributor 100 MiB; Prometheus sets no limit).
+pub const MAX_MERGED_RAW: u64 = 8 << 20;
+
+/// The uncompressed length a raw snappy block declares (its varint preamble) and the
+/// preamble's length in bytes.
+fn snappy_preamble(body: &[u8]) -> Option<(u64, usize)> {
+    let mut len = 0u64;
+    for (i, &b) in body.iter().take(5).enumerate() {
+        len |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return (len <= u64::from(u32::MAX)).then_some((len, i + 1));
+        }
+    }
+    None
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+impl Record {
+    /// Whether `next` may be sent in one request with `self`: 1.0 bodies only (a 2.0
+    /// body's symbol references are indexes into its own table) and the same headers
+    /// (the same tenant, the same pass-through headers).
+    pub fn mergeable(&self, next: &Record) -> bool {
+        self.v2.is_none() && next.v2.is_none() && self.headers == next.headers
+    }
+
+    /// One record holding the leading records of `batch` that can be sent together,
+    /// in order, and how many it holds; `None` when fewer than two can. The bodies are
+    /// joined without decompressing: a 1.0 `WriteRequest` is a message of repeated
+    /// fields, so two encodings one after the other are one request with the series and
+    /// metadata of both, in order; and a raw snappy block is its length then elements
+    /// whose copies reach back only into the block's own output, so the elements of
+    /// several blocks after one preamble of their summed lengths decompress to the
+    /// joined messages. The joined body stays within [`MAX_MERGED_RAW`] uncompressed.
+    pub fn merge(batch: &[Record]) -> Option<(Record, usize)> {
+        let first = batch.first()?;
+        let mut raw = 0u64;
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut samples = 0u64;
+        for r in batch {
+            if !first.mergeable(r) {
+                break;
+            }
+            let Some((len, preamble)) = snappy_preamble(&r.v1) else {
+                break;
+            };
+            if raw + len > MAX_MERGED_RAW {
+                break;
+            }
+            raw += len;
+            samples += r.samples;
+            parts.push(&r.v1[preamble..]);
+        }
+        if parts.len() < 2 {
+            return None;
+        }
+        let mut body = Vec::with_capacity(5 + parts.iter().map(|p| p.len()).sum::<usize>());
+        put_varint(&mut body, raw);
+        for p in &parts {
+            body.extend_from_slice(p);
+        }
+        let merged = Record {
+            v1: Bytes::from(body),
+            v2: None,
+            v2_series: 0,
+            headers: first.headers.clone(),
+            samples,
+            enqueued_ms: first.enqueued_ms,
+        };
+        Some((merged, parts.len()))
+    }
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -394,6 +475,106 @@ mod tests {
         assert_eq!(len, buf.len());
         assert_eq!(back.samples, 7);
         assert_eq!(back.v2, record().v2);
+    }
+
+    fn v1_record(series: &[(&str, f64)], headers: &[(&'static str, &'static str)]) -> Record {
+        use crate::wire::proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
+        use prost::Message;
+        let req = WriteRequest {
+            timeseries: series
+                .iter()
+                .map(|(name, v)| TimeSeries {
+                    labels: vec![Label {
+                        name: "__name__".into(),
+                        value: (*name).into(),
+                    }],
+                    samples: vec![Sample {
+                        value: *v,
+                        timestamp: 1_000,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let body = snap::raw::Encoder::new()
+            .compress_vec(&req.encode_to_vec())
+            .unwrap();
+        Record {
+            v1: Bytes::from(body),
+            v2: None,
+            v2_series: 0,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+                .collect(),
+            samples: series.len() as u64,
+            enqueued_ms: 5,
+        }
+    }
+
+    fn names(body: &[u8]) -> Vec<(String, f64)> {
+        use prost::Message;
+        let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+        crate::wire::proto::prometheus::WriteRequest::decode(raw.as_slice())
+            .unwrap()
+            .timeseries
+            .iter()
+            .map(|t| (t.labels[0].value.clone(), t.samples[0].value))
+            .collect()
+    }
+
+    #[test]
+    fn merged_records_decompress_to_one_request_with_every_series_in_order() {
+        // Repetitive names, so that the compressed bodies are full of back references.
+        let a: Vec<(String, f64)> = (0..300)
+            .map(|i| (format!("vllm:num_requests_running_{}", i % 7), i as f64))
+            .collect();
+        let b: Vec<(String, f64)> = (0..5)
+            .map(|i| (format!("vllm:num_requests_running_{}", i % 7), -(i as f64)))
+            .collect();
+        fn refs(v: &[(String, f64)]) -> Vec<(&str, f64)> {
+            v.iter().map(|(n, x)| (n.as_str(), *x)).collect()
+        }
+        let ra = v1_record(&refs(&a), &[]);
+        let rb = v1_record(&refs(&b), &[]);
+        let rc = v1_record(&refs(&b), &[("x-scope-orgid", "team-b")]);
+        let (merged, n) = Record::merge(&[ra.clone(), rb.clone(), ra.clone(), rc]).unwrap();
+        // The record with other headers ends the batch.
+        assert_eq!(n, 3);
+        assert_eq!(merged.samples, 605);
+        assert_eq!(merged.enqueued_ms, 5);
+        let want: Vec<(String, f64)> = a.iter().chain(&b).chain(&a).cloned().collect();
+        assert_eq!(names(&merged.v1), want);
+        // Nothing to join: a lone record, a 2.0 body, different headers.
+        assert!(Record::merge(std::slice::from_ref(&ra)).is_none());
+        assert!(Record::merge(&[record(), record()]).is_none());
+        let other = v1_record(&refs(&b), &[("x-scope-orgid", "team-a")]);
+        assert!(Record::merge(&[rb, other]).is_none());
+    }
+
+    #[test]
+    fn a_merged_body_stays_within_its_uncompressed_limit() {
+        // Bodies of 3 MiB uncompressed each (compressing to little): two fit, not three.
+        let big = |v: f64| {
+            let name = "x".repeat(3 << 20);
+            let mut r = v1_record(&[(name.as_str(), v)], &[]);
+            r.samples = 1;
+            r
+        };
+        let (merged, n) = Record::merge(&[big(1.0), big(2.0), big(3.0)]).unwrap();
+        assert_eq!(n, 2);
+        let got = names(&merged.v1);
+        assert_eq!(
+            got.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
+            vec![1.0, 2.0]
+        );
+        // A body that declares more than the limit on its own is sent alone.
+        let huge = |v: f64| {
+            let name = "y".repeat(9 << 20);
+            v1_record(&[(name.as_str(), v)], &[])
+        };
+        assert!(Record::merge(&[huge(1.0), big(2.0)]).is_none());
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub trait Store: Send {
     /// The oldest record. Records found corrupt on the way are skipped and counted
     /// ([`Store::take_corrupt`]).
     fn front(&mut self) -> Result<Option<Record>, StoreError>;
+    /// The record at `index` (0 = front) without removing it; `None` past the end or
+    /// when it cannot be read (damage is left for [`Store::front`] to skip and count).
+    fn get(&mut self, index: usize) -> Result<Option<Record>, StoreError>;
     fn pop_front(&mut self) -> Option<Removed>;
     /// Takes back the record just pushed (a request whose other parts failed).
     fn pop_back(&mut self) -> Option<Removed>;
@@ -93,6 +96,9 @@ impl Store for MemoryStore {
     }
     fn front(&mut self) -> Result<Option<Record>, StoreError> {
         Ok(self.records.front().cloned())
+    }
+    fn get(&mut self, index: usize) -> Result<Option<Record>, StoreError> {
+        Ok(self.records.get(index).cloned())
     }
     fn pop_front(&mut self) -> Option<Removed> {
         self.remove(0)
@@ -461,6 +467,13 @@ impl Store for DiskStore {
             }
         }
         Ok(None)
+    }
+
+    fn get(&mut self, index: usize) -> Result<Option<Record>, StoreError> {
+        let Some(&e) = self.entries.get(index) else {
+            return Ok(None);
+        };
+        Ok(self.read_entry(e)?.ok())
     }
 
     fn pop_front(&mut self) -> Option<Removed> {
