@@ -16,6 +16,8 @@
 //! - `zero_alloc_tenant_split`: tenant routing's split and per-tenant bodies (1.0 and 2.0).
 //! - `queues_allocate_per_request_not_per_sample`: storing a request in a memory or disk
 //!   queue costs the same few allocations for 2,000- and 10,000-sample requests.
+//! - `a_memory_queue_holds_no_more_heap_than_it_counts`: a memory queue's heap is what its
+//!   budget counts, split into shards or not.
 
 use promnorm::app::Assemble;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -519,6 +521,66 @@ fn queues_allocate_per_request_not_per_sample() {
                 per_request[1] <= per_request[0] && per_request[0] <= 8.0,
                 "{kind_name} queue: {per_request:?} allocations per request"
             );
+        }
+    });
+}
+
+#[test]
+fn a_memory_queue_holds_no_more_heap_than_it_counts() {
+    use promnorm::forward::Payload;
+    use promnorm::forward::queue::{Queue, QueueKind, QueueOptions, WhenFull};
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let payloads: Vec<Payload> = bodies
+        .iter()
+        .map(|b| Payload::v1(bytes::Bytes::from(b.clone())).with_samples(2_000))
+        .collect();
+    rt.block_on(async {
+        for shards in [1usize, 2, 4] {
+            let q = Queue::new(
+                Arc::new(Never),
+                Vec::new(),
+                None,
+                Arc::new(promnorm::telemetry::BackendMetrics::new("never")),
+                QueueOptions {
+                    kind: QueueKind::Memory,
+                    max_bytes: 1 << 30,
+                    max_age: None,
+                    shards,
+                    when_full: WhenFull::Reject,
+                    full_status: http::StatusCode::TOO_MANY_REQUESTS,
+                    first_backoff: Duration::from_secs(60),
+                    max_backoff: Duration::from_secs(60),
+                    max_samples_per_send: 10_000,
+                },
+            );
+            q.start().expect("queue opens");
+            let headers = http::HeaderMap::new();
+            // Nothing is awaited in between: the queue's sender does not run, what is
+            // measured is what the queue stores.
+            let before = live_bytes();
+            for p in &payloads {
+                assert!(matches!(
+                    q.send(p.clone(), &headers),
+                    promnorm::forward::Outcome::Queued
+                ));
+            }
+            let held = live_bytes() - before;
+            let counted = q.state().expect("running").bytes as i64;
+            eprintln!(
+                "a_memory_queue_holds_no_more_heap_than_it_counts: shards {shards}: {counted} bytes counted, {held} bytes of heap held"
+            );
+            // The budget (`max_bytes`) bounds memory only if what it counts is what is
+            // held: bodies at their length, plus the records' bookkeeping.
+            assert!(
+                held <= counted + counted / 4 + (64 << 10),
+                "shards {shards}: {held} bytes held for {counted} counted"
+            );
+            q.stop(Duration::ZERO).await;
         }
     });
 }
