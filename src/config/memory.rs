@@ -7,7 +7,7 @@
 //! memory bound
 //!
 //! ```text
-//! RSS ≤ 64 MiB + W × 64 MiB + 4 × max_inflight_bytes + derived state + memory queues
+//! RSS ≤ 64 MiB + W × 64 MiB + 4 × max_inflight_bytes + derived state + queues in memory
 //! ```
 //!
 //! stays within that allowance (see [`Config::sizing_for`]).
@@ -41,6 +41,9 @@ const MAX_DERIVED_SERIES: u64 = 1_000_000;
 const MAX_MEMORY_QUEUE: u64 = 512 << 20;
 /// A disk queue's `auto`: disk, not memory, so not from the memory limit.
 pub const DISK_QUEUE_BYTES: u64 = 512 << 20;
+/// What a disk queue keeps in memory of the records it wrote (to send them without
+/// reading them back), over all its shards.
+pub const DISK_QUEUE_CACHE_BYTES: u64 = 8 << 20;
 /// Floors of the `auto` sizes, for limits too small for the bound (warned about).
 const MIN_INFLIGHT: u64 = 16 << 20;
 const MIN_DERIVED_SERIES: u64 = 10_000;
@@ -204,7 +207,8 @@ pub struct Sizing {
     pub queue_max_bytes: Vec<u64>,
     /// Derived state at its limits (0 when derived series are off).
     pub derived_bytes: u64,
-    /// What the memory queues may hold together.
+    /// What the queues may hold in memory together: every memory queue's `max_bytes`,
+    /// and each disk queue's cache of the records it wrote (`DISK_QUEUE_CACHE_BYTES`).
     pub memory_queue_bytes: u64,
     /// README's bound for these sizes.
     pub bound: u64,
@@ -223,7 +227,7 @@ impl Sizing {
             _ => "no memory limit found".to_string(),
         };
         format!(
-            "memory: {limit}; bound {} = 64MiB + {} workers x 64MiB + 4 x max_inflight_bytes {} + derived state {} + memory queues {}",
+            "memory: {limit}; bound {} = 64MiB + {} workers x 64MiB + 4 x max_inflight_bytes {} + derived state {} + queues in memory {}",
             human_bytes(self.bound),
             self.workers,
             human_bytes(self.max_inflight_bytes),
@@ -312,8 +316,11 @@ impl Config {
             .backends
             .iter()
             .zip(&queue_max_bytes)
-            .filter(|(b, _)| b.queue.kind == QueueType::Memory)
-            .map(|(_, n)| n)
+            .map(|(b, n)| match b.queue.kind {
+                QueueType::Memory => *n,
+                QueueType::Disk => DISK_QUEUE_CACHE_BYTES,
+                QueueType::None => 0,
+            })
             .sum::<u64>();
 
         // Requests.
@@ -381,7 +388,7 @@ impl Config {
             )
         };
         Some(format!(
-            "{}the memory bound {} (64MiB + {} workers x 64MiB + 4 x limits.max_inflight_bytes {} + derived state {} + memory queues {}) {what}; promnorm may be OOM-killed under load: lower these or set them to auto",
+            "{}the memory bound {} (64MiB + {} workers x 64MiB + 4 x limits.max_inflight_bytes {} + derived state {} + queues in memory {}) {what}; promnorm may be OOM-killed under load: lower these or set them to auto",
             match self.limits.max_inflight_bytes.set() {
                 Some(n) => self.size_position("max_inflight_bytes", n),
                 None => self.position("max_inflight_bytes", ""),
@@ -569,7 +576,11 @@ mod tests {
         let cfg = Config::parse(text, "q.yaml").unwrap();
         let s = cfg.sizing_for(limit(2048), 2);
         assert_eq!(s.queue_max_bytes[1], DISK_QUEUE_BYTES);
-        assert_eq!(s.memory_queue_bytes, s.queue_max_bytes[0]);
+        // The memory queue's budget, and the disk queue's cache of what it wrote.
+        assert_eq!(
+            s.memory_queue_bytes,
+            s.queue_max_bytes[0] + DISK_QUEUE_CACHE_BYTES
+        );
         assert!(s.queue_max_bytes[0] >= 16 << 20 && s.bound <= s.allowed.unwrap());
 
         let text = "limits:\n  max_inflight_bytes: 1GiB\n";

@@ -453,12 +453,14 @@ impl Queue {
         };
         let segment = (self.opts.max_bytes / shards as u64 / 4).min(store::SEGMENT_BYTES);
         let open = |i: usize| {
-            DiskStore::open_waiting(
+            let mut store = DiskStore::open_waiting(
                 &dir.join(format!("shard-{i}")),
                 segment,
                 fsync_interval.is_zero(),
                 LOCK_WAIT,
-            )
+            )?;
+            store.cache_up_to(crate::config::memory::DISK_QUEUE_CACHE_BYTES / shards as u64);
+            Ok::<_, StoreError>(store)
         };
         // Series are assigned to shards by hash modulo their number: data queued under
         // another number of shards would be replayed out of order or not at all.

@@ -171,6 +171,13 @@ pub struct DiskStore {
     /// was delivered since, never loses anything.
     cursor_dirty: bool,
     frame: Vec<u8>,
+    /// The records this process pushed, kept with their entries (`cached[i]` is
+    /// `entries[i]`'s) while they fit in `cache_limit` bytes: a queue that keeps up sends
+    /// what it just wrote without reading it back and checking it again. Replayed records
+    /// and those pushed while the cache was full are read from disk.
+    cached: VecDeque<Option<Record>>,
+    cached_bytes: u64,
+    cache_limit: u64,
 }
 
 /// Segments roll over at this size (smaller when the queue's budget is small).
@@ -232,6 +239,9 @@ impl DiskStore {
             dirty: false,
             cursor_dirty: false,
             frame: Vec::new(),
+            cached: VecDeque::new(),
+            cached_bytes: 0,
+            cache_limit: 0,
         };
         let last = segments.last().copied();
         for &s in &segments {
@@ -274,6 +284,7 @@ impl DiskStore {
                         samples,
                         enqueued_ms,
                     });
+                    self.cached.push_back(None);
                 }
                 ScanKind::Damage { samples } => {
                     self.corrupt.records += 1;
@@ -326,6 +337,18 @@ impl DiskStore {
             .filter(|(_, n)| *n as u64 == e.len)
             .map(|(r, _)| r)
             .ok_or(()))
+    }
+
+    /// Forgets the cached record of the entry that was at `index`.
+    fn uncache(&mut self, index: usize) {
+        if let Some(Some(r)) = self.cached.remove(index) {
+            self.cached_bytes -= r.size();
+        }
+    }
+
+    /// Keeps up to `bytes` of the records pushed from now on in memory ([`DiskStore::cached`]).
+    pub fn cache_up_to(&mut self, bytes: u64) {
+        self.cache_limit = bytes;
     }
 
     fn after_removal(&mut self) {
@@ -447,6 +470,12 @@ impl Store for DiskStore {
             samples: rec.samples,
             enqueued_ms: rec.enqueued_ms,
         });
+        if self.cached_bytes + rec.size() <= self.cache_limit {
+            self.cached_bytes += rec.size();
+            self.cached.push_back(Some(rec.clone()));
+        } else {
+            self.cached.push_back(None);
+        }
         self.write_offset += len;
         self.bytes += len;
         Ok(())
@@ -454,6 +483,9 @@ impl Store for DiskStore {
 
     fn front(&mut self) -> Result<Option<Record>, StoreError> {
         while let Some(&e) = self.entries.front() {
+            if let Some(Some(r)) = self.cached.front() {
+                return Ok(Some(r.clone()));
+            }
             match self.read_entry(e)? {
                 Ok(r) => return Ok(Some(r)),
                 Err(()) => {
@@ -461,6 +493,7 @@ impl Store for DiskStore {
                     self.corrupt.samples += e.samples;
                     self.corrupt.bytes += e.len;
                     self.entries.pop_front();
+                    self.uncache(0);
                     self.bytes -= e.len;
                     self.after_removal();
                 }
@@ -473,6 +506,9 @@ impl Store for DiskStore {
         let Some(&e) = self.entries.get(index) else {
             return Ok(None);
         };
+        if let Some(Some(r)) = self.cached.get(index) {
+            return Ok(Some(r.clone()));
+        }
         Ok(self.read_entry(e)?.ok())
     }
 
@@ -486,6 +522,7 @@ impl Store for DiskStore {
             return self.remove(self.entries.len() - 1);
         }
         self.entries.pop_back();
+        self.uncache(self.cached.len().saturating_sub(1));
         self.bytes -= e.len;
         self.write_offset = e.offset;
         let _ = self.writer.set_len(e.offset);
@@ -497,6 +534,7 @@ impl Store for DiskStore {
 
     fn remove(&mut self, index: usize) -> Option<Removed> {
         let e = self.entries.remove(index)?;
+        self.uncache(index);
         self.bytes -= e.len;
         self.after_removal();
         Some(Removed {
@@ -776,6 +814,40 @@ mod tests {
             samples: i,
             enqueued_ms: 1000 + i,
         }
+    }
+
+    #[test]
+    fn records_within_the_cache_are_sent_from_memory_the_rest_read_from_disk() {
+        let dir = tmp("cache");
+        let mut s = DiskStore::open(&dir, 1 << 20, false).unwrap();
+        // Room for three records of 3,000 bytes (plus framing), not four.
+        let size = rec(0, 3000).size();
+        s.cache_up_to(3 * size + size / 2);
+        for i in 0..6 {
+            s.push(&rec(i, 3000)).unwrap();
+        }
+        assert_eq!(s.cached.iter().filter(|c| c.is_some()).count(), 3);
+        assert_eq!(s.cached_bytes, 3 * size);
+        // A cached record is what was pushed even when its disk copy is damaged: what
+        // is sent is the data promnorm accepted.
+        let seg = segment_path(&dir, s.write_segment);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[super::super::record::FRAME_HEADER + 40] ^= 0xff;
+        std::fs::write(&seg, &data).unwrap();
+        for i in 0..6 {
+            let r = s.get(i as usize).unwrap().unwrap();
+            assert_eq!((r.samples, r.v1.len()), (i, 3000));
+        }
+        for i in 0..6 {
+            assert_eq!(s.front().unwrap().unwrap().samples, i);
+            s.pop_front();
+            // Room made at the front goes to records pushed later.
+            assert!(s.cached_bytes <= 3 * size);
+        }
+        assert_eq!(s.cached_bytes, 0);
+        assert!(s.take_corrupt().is_empty());
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -124,20 +124,22 @@ impl Mapper {
             self.refresh_counters(cf);
         }
         // Senders write a family's series one after another (a scrape's order): a series
-        // named like the one before reuses its resolution, no hash, no lookup.
+        // named like the one before reuses its resolution, no hash, no lookup. It is
+        // borrowed, not cloned: a plan's `Arc` shared by every worker, its count raised
+        // and lowered per series, would bounce one cache line between the cores.
         let mut last: Option<(&[u8], Option<Resolved>)> = None;
+        let mut fixed: Option<Resolved>;
         for s in &req.series {
             let name_bytes = s.name.bytes(buf);
-            let resolved = match &last {
-                Some((prev, r)) if *prev == name_bytes => r.clone(),
-                _ => {
-                    let r = self.resolve(rules, s.name.str(buf));
-                    last = Some((name_bytes, r.clone()));
-                    r
-                }
-            };
+            if !matches!(&last, Some((prev, _)) if *prev == name_bytes) {
+                last = Some((name_bytes, self.resolve(rules, s.name.str(buf))));
+            }
+            let resolved = last.as_ref().and_then(|(_, r)| r.as_ref());
             let resolution = match resolved {
-                None if ctx.counters.is_some() => self.series_total_fix(s, s.name.str(buf)),
+                None if ctx.counters.is_some() => {
+                    fixed = self.series_total_fix(s, s.name.str(buf));
+                    fixed.as_ref()
+                }
                 r => r,
             };
             match resolution {
@@ -154,7 +156,7 @@ impl Mapper {
                         self.pass_through(out, buf, req, s, taps);
                     }
                     let may_pass = plan.unchanged_may_pass() && self.can_write_as_is(s);
-                    match self.apply(Some(&plan), buf, req, s, may_pass) {
+                    match self.apply(Some(plan), buf, req, s, may_pass) {
                         Applied::Dropped => continue,
                         Applied::Merged => {}
                         Applied::Unchanged => self.write_as_is(out, buf, req, s, taps),
@@ -470,10 +472,10 @@ impl Mapper {
     /// The plan a series actually goes through: a histogram rule's plan for the plain
     /// name applies only to series with native histograms; `keep_unit` leaves those
     /// unrenamed (and counts them). `None`: no plan (the series passes as it is).
-    fn native_plan(&mut self, plan: Arc<Plan>, s: &SeriesView) -> Option<Arc<Plan>> {
+    fn native_plan<'p>(&mut self, plan: &'p Arc<Plan>, s: &SeriesView) -> Option<&'p Arc<Plan>> {
         if s.histograms.is_empty() {
             if plan.native_only {
-                return plan.without_native.clone();
+                return plan.without_native.as_ref();
             }
             return Some(plan);
         }
