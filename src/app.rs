@@ -496,6 +496,7 @@ pub fn queue_options(
         first_backoff: std::time::Duration::from_millis(250),
         max_backoff: std::time::Duration::from_secs(30),
         max_samples_per_send: q.max_samples_per_send,
+        disk_cache_bytes: crate::config::memory::DISK_QUEUE_CACHE_BYTES,
     })
 }
 

@@ -490,6 +490,7 @@ fn queues_allocate_per_request_not_per_sample() {
                         first_backoff: Duration::from_secs(60),
                         max_backoff: Duration::from_secs(60),
                         max_samples_per_send: 10_000,
+                        disk_cache_bytes: 8 << 20,
                     },
                 );
                 q.start().expect("queue opens");
@@ -556,6 +557,7 @@ fn a_memory_queue_holds_no_more_heap_than_it_counts() {
                     first_backoff: Duration::from_secs(60),
                     max_backoff: Duration::from_secs(60),
                     max_samples_per_send: 10_000,
+                    disk_cache_bytes: 8 << 20,
                 },
             );
             q.start().expect("queue opens");

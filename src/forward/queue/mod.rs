@@ -60,6 +60,9 @@ pub struct QueueOptions {
     /// A backlog's consecutive 1.0 records are sent as one request of at most this
     /// many samples (a record holding more goes alone); 1: every record alone.
     pub max_samples_per_send: u64,
+    /// A disk queue keeps up to this many bytes of the records it wrote in memory, over
+    /// all its shards, to send them without reading them back.
+    pub disk_cache_bytes: u64,
 }
 
 /// What the queue holds now, for the gauges read at scrape time and `/-/ready`.
@@ -348,18 +351,30 @@ impl Queue {
                 )
             })
             .collect();
+        // Every shard involved is locked while the parts are pushed (as in `enqueue`):
+        // a sender must never gather a part that is then taken back.
+        let mut guards: Vec<(usize, std::sync::MutexGuard<'_, ShardState>)> = Vec::new();
+        for (i, _) in &records {
+            if !guards.iter().any(|(g, _)| g == i) {
+                guards.push((*i, lock(&run.shards[*i].state)));
+            }
+        }
         let mut pushed: Vec<usize> = Vec::new();
         for (i, r) in &records {
-            let mut st = lock(&run.shards[*i].state);
+            let Some((_, st)) = guards.iter_mut().find(|(g, _)| g == i) else {
+                continue;
+            };
             if let Err(e) = st.store.push(r) {
-                drop(st);
                 for j in pushed.iter().rev() {
-                    lock(&run.shards[*j].state).store.pop_back();
+                    if let Some((_, g)) = guards.iter_mut().find(|(g, _)| g == j) {
+                        g.store.pop_back();
+                    }
                 }
                 return Err(e);
             }
             pushed.push(*i);
         }
+        drop(guards);
         let total: u64 = records.iter().map(|(_, r)| r.size()).sum();
         run.bytes.fetch_add(total, Ordering::AcqRel);
         run.requests
@@ -459,7 +474,7 @@ impl Queue {
                 fsync_interval.is_zero(),
                 LOCK_WAIT,
             )?;
-            store.cache_up_to(crate::config::memory::DISK_QUEUE_CACHE_BYTES / shards as u64);
+            store.cache_up_to(self.opts.disk_cache_bytes / shards as u64);
             Ok::<_, StoreError>(store)
         };
         // Series are assigned to shards by hash modulo their number: data queued under
@@ -1037,6 +1052,12 @@ async fn drain_shard(
                 solo_left = solo_left.saturating_sub(1);
             }
             _ => {
+                // A merged request that could not be delivered is retried record by
+                // record: a limit on request size (a proxy's, a receiver's burst) must
+                // not hold the shard up for good.
+                if count > 1 {
+                    solo_left = count;
+                }
                 telemetry::queue_retry(&name);
                 tokio::time::sleep(backoff.wait(&outcome)).await;
             }
@@ -1044,18 +1065,37 @@ async fn drain_shard(
     }
 }
 
+/// Records one merged request joins at most, whatever they hold (records of metadata
+/// alone hold no samples).
+const MAX_BATCH_RECORDS: usize = 256;
+
 /// Adds to `batch` (holding the front record) the records after it that can go in the
-/// same request, while the samples stay within `max_samples`.
+/// same request: while the samples stay within `max_samples` and the decoded size within
+/// [`record::MAX_MERGED_RAW`]. `max_samples` 1: none.
 fn gather(st: &mut ShardState, batch: &mut Vec<Record>, max_samples: u64) {
+    let Some(mut raw) = batch[0].v1_decoded_len() else {
+        return;
+    };
+    if max_samples <= 1 || batch[0].v2.is_some() {
+        return;
+    }
     let mut samples = batch[0].samples;
-    let mut i = 1;
-    while let Ok(Some(next)) = st.store.get(i) {
-        if samples + next.samples > max_samples || !batch[0].mergeable(&next) {
+    while batch.len() < MAX_BATCH_RECORDS
+        && samples < max_samples
+        && let Ok(Some(next)) = st.store.get(batch.len())
+    {
+        let Some(len) = next.v1_decoded_len() else {
+            break;
+        };
+        if samples + next.samples > max_samples
+            || raw + len > record::MAX_MERGED_RAW
+            || !batch[0].mergeable(&next)
+        {
             break;
         }
         samples += next.samples;
+        raw += len;
         batch.push(next);
-        i += 1;
     }
 }
 
@@ -1136,6 +1176,7 @@ mod tests {
             first_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(50),
             max_samples_per_send: 10_000,
+            disk_cache_bytes: 8 << 20,
         }
     }
 
@@ -1208,6 +1249,17 @@ mod tests {
         gate: tokio::sync::Notify,
         opened: AtomicBool,
         seen: Mutex<Vec<Vec<(String, f64)>>>,
+        /// Requests holding more series are answered 503 (a size limit on the way).
+        max_series: usize,
+    }
+
+    fn recorder(max_series: usize) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            gate: tokio::sync::Notify::new(),
+            opened: AtomicBool::new(false),
+            seen: Mutex::new(Vec::new()),
+            max_series,
+        })
     }
 
     impl Transport for Recorder {
@@ -1229,8 +1281,11 @@ mod tests {
                     .map(|t| (t.labels[0].value.clone(), t.samples[0].value))
                     .collect();
                 let bad = series.iter().any(|(n, _)| n == "bad");
+                let too_big = series.len() > self.max_series;
                 lock(&self.seen).push(series);
-                if bad {
+                if too_big {
+                    unavailable("too big")
+                } else if bad {
                     Outcome::Rejected {
                         status: StatusCode::BAD_REQUEST,
                         retry_after: None,
@@ -1252,11 +1307,7 @@ mod tests {
             if memory {
                 o.kind = QueueKind::Memory;
             }
-            let backend = Arc::new(Recorder {
-                gate: tokio::sync::Notify::new(),
-                opened: AtomicBool::new(false),
-                seen: Mutex::new(Vec::new()),
-            });
+            let backend = recorder(usize::MAX);
             let q = Queue::new(backend.clone(), Vec::new(), None, metrics(), o);
             q.start().unwrap();
             for i in 1..=10 {
@@ -1292,5 +1343,42 @@ mod tests {
             q.stop(Duration::ZERO).await;
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    #[tokio::test]
+    async fn a_merged_request_that_is_not_delivered_is_retried_one_by_one() {
+        let dir = std::env::temp_dir().join(format!("promnorm-q-retry-merge-{}", now_ms()));
+        let mut o = opts(&dir, 1);
+        o.kind = QueueKind::Memory;
+        o.max_samples_per_send = 3;
+        o.first_backoff = Duration::from_millis(1);
+        o.max_backoff = Duration::from_millis(2);
+        // A proxy on the way takes at most two series a request.
+        let backend = recorder(2);
+        let q = Queue::new(backend.clone(), Vec::new(), None, metrics(), o);
+        q.start().unwrap();
+        for i in 1..=7 {
+            assert!(matches!(
+                q.send(body_of("m", f64::from(i)), &HeaderMap::new()),
+                Outcome::Queued
+            ));
+            tokio::task::yield_now().await;
+        }
+        backend.gate.notify_one();
+        for _ in 0..500 {
+            if q.state().unwrap().requests == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(q.state().unwrap().requests, 0);
+        let delivered: Vec<f64> = lock(&backend.seen)
+            .iter()
+            .filter(|r| r.len() <= 2)
+            .flat_map(|r| r.iter().map(|(_, v)| *v))
+            .collect();
+        // Every sample once, in order, although every batch of three was refused.
+        assert_eq!(delivered, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        q.stop(Duration::ZERO).await;
     }
 }

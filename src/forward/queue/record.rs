@@ -355,6 +355,11 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 impl Record {
+    /// The decoded size the 1.0 body declares (its snappy preamble).
+    pub fn v1_decoded_len(&self) -> Option<u64> {
+        snappy_preamble(&self.v1).map(|(len, _)| len)
+    }
+
     /// Whether `next` may be sent in one request with `self`: 1.0 bodies only (a 2.0
     /// body's symbol references are indexes into its own table) and the same headers
     /// (the same tenant, the same pass-through headers).

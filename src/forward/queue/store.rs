@@ -175,7 +175,7 @@ pub struct DiskStore {
     /// `entries[i]`'s) while they fit in `cache_limit` bytes: a queue that keeps up sends
     /// what it just wrote without reading it back and checking it again. Replayed records
     /// and those pushed while the cache was full are read from disk.
-    cached: VecDeque<Option<Record>>,
+    cached: VecDeque<Option<Box<Record>>>,
     cached_bytes: u64,
     cache_limit: u64,
 }
@@ -472,7 +472,7 @@ impl Store for DiskStore {
         });
         if self.cached_bytes + rec.size() <= self.cache_limit {
             self.cached_bytes += rec.size();
-            self.cached.push_back(Some(rec.clone()));
+            self.cached.push_back(Some(Box::new(rec.clone())));
         } else {
             self.cached.push_back(None);
         }
@@ -484,7 +484,7 @@ impl Store for DiskStore {
     fn front(&mut self) -> Result<Option<Record>, StoreError> {
         while let Some(&e) = self.entries.front() {
             if let Some(Some(r)) = self.cached.front() {
-                return Ok(Some(r.clone()));
+                return Ok(Some(Record::clone(r)));
             }
             match self.read_entry(e)? {
                 Ok(r) => return Ok(Some(r)),
@@ -507,7 +507,7 @@ impl Store for DiskStore {
             return Ok(None);
         };
         if let Some(Some(r)) = self.cached.get(index) {
-            return Ok(Some(r.clone()));
+            return Ok(Some(Record::clone(r)));
         }
         Ok(self.read_entry(e)?.ok())
     }
