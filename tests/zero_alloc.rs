@@ -451,7 +451,7 @@ impl promnorm::forward::Transport for Never {
 #[test]
 fn queues_allocate_per_request_not_per_sample() {
     use promnorm::forward::Payload;
-    use promnorm::forward::queue::{Queue, QueueKind, QueueOptions, WhenFull};
+    use promnorm::forward::queue::QueueKind;
     use std::time::Duration;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -475,24 +475,7 @@ fn queues_allocate_per_request_not_per_sample() {
             let mut per_request = Vec::new();
             for (mode, samples) in [(fleet::Mode::Default, 2_000u64), (fleet::Mode::Large, 10_000)] {
                 let bodies = fleet::request_bodies(mode, 40);
-                let q = Queue::new(
-                    Arc::new(Never),
-                    Vec::new(),
-                    None,
-                    Arc::new(promnorm::telemetry::BackendMetrics::new("never")),
-                    QueueOptions {
-                        kind: kind.clone(),
-                        max_bytes: 1 << 30,
-                        max_age: None,
-                        shards: 1,
-                        when_full: WhenFull::Reject,
-                        full_status: http::StatusCode::TOO_MANY_REQUESTS,
-                        first_backoff: Duration::from_secs(60),
-                        max_backoff: Duration::from_secs(60),
-                        max_samples_per_send: 10_000,
-                        disk_cache_bytes: 8 << 20,
-                    },
-                );
+                let q = never_sending_queue(kind.clone(), 1);
                 q.start().expect("queue opens");
                 let headers = http::HeaderMap::new();
                 let payloads: Vec<Payload> = bodies
@@ -529,7 +512,7 @@ fn queues_allocate_per_request_not_per_sample() {
 #[test]
 fn a_memory_queue_holds_no_more_heap_than_it_counts() {
     use promnorm::forward::Payload;
-    use promnorm::forward::queue::{Queue, QueueKind, QueueOptions, WhenFull};
+    use promnorm::forward::queue::QueueKind;
     use std::time::Duration;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -542,24 +525,7 @@ fn a_memory_queue_holds_no_more_heap_than_it_counts() {
         .collect();
     rt.block_on(async {
         for shards in [1usize, 2, 4] {
-            let q = Queue::new(
-                Arc::new(Never),
-                Vec::new(),
-                None,
-                Arc::new(promnorm::telemetry::BackendMetrics::new("never")),
-                QueueOptions {
-                    kind: QueueKind::Memory,
-                    max_bytes: 1 << 30,
-                    max_age: None,
-                    shards,
-                    when_full: WhenFull::Reject,
-                    full_status: http::StatusCode::TOO_MANY_REQUESTS,
-                    first_backoff: Duration::from_secs(60),
-                    max_backoff: Duration::from_secs(60),
-                    max_samples_per_send: 10_000,
-                    disk_cache_bytes: 8 << 20,
-                },
-            );
+            let q = never_sending_queue(QueueKind::Memory, shards);
             q.start().expect("queue opens");
             let headers = http::HeaderMap::new();
             // Nothing is awaited in between: the queue's sender does not run, what is
@@ -585,4 +551,32 @@ fn a_memory_queue_holds_no_more_heap_than_it_counts() {
             q.stop(Duration::ZERO).await;
         }
     });
+}
+
+/// A queue in front of a backend that never answers (its sender holds the first request
+/// for good), with room for everything the tests store.
+fn never_sending_queue(
+    kind: promnorm::forward::queue::QueueKind,
+    shards: usize,
+) -> promnorm::forward::queue::Queue {
+    use promnorm::forward::queue::{Queue, QueueOptions, WhenFull};
+    use std::time::Duration;
+    Queue::new(
+        Arc::new(Never),
+        Vec::new(),
+        None,
+        Arc::new(promnorm::telemetry::BackendMetrics::new("never")),
+        QueueOptions {
+            kind,
+            max_bytes: 1 << 30,
+            max_age: None,
+            shards,
+            when_full: WhenFull::Reject,
+            full_status: http::StatusCode::TOO_MANY_REQUESTS,
+            first_backoff: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(60),
+            max_samples_per_send: 10_000,
+            disk_cache_bytes: 8 << 20,
+        },
+    )
 }

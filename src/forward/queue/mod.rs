@@ -1298,6 +1298,29 @@ mod tests {
         }
     }
 
+    /// Queues one request per name, valued 1, 2, …, each after the sender took the
+    /// ones before: the first is in flight (held by the [`Recorder`]'s gate) before the
+    /// rest are queued behind it.
+    async fn queue_behind_the_first<'a>(q: &Queue, names: impl Iterator<Item = &'a str>) {
+        for (i, name) in names.enumerate() {
+            assert!(matches!(
+                q.send(body_of(name, (i + 1) as f64), &HeaderMap::new()),
+                Outcome::Queued
+            ));
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Waits (at most 2.5 s) until the queue holds nothing.
+    async fn drained(q: &Queue) {
+        for _ in 0..500 {
+            if q.state().unwrap().requests == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_backlog_goes_out_merged_in_order_and_a_refused_merge_is_sent_again_one_by_one() {
         for memory in [true, false] {
@@ -1310,22 +1333,9 @@ mod tests {
             let backend = recorder(usize::MAX);
             let q = Queue::new(backend.clone(), Vec::new(), None, metrics(), o);
             q.start().unwrap();
-            for i in 1..=10 {
-                let name = if i == 6 { "bad" } else { "m" };
-                assert!(matches!(
-                    q.send(body_of(name, f64::from(i)), &HeaderMap::new()),
-                    Outcome::Queued
-                ));
-                // The first request is in flight before the rest are queued.
-                tokio::task::yield_now().await;
-            }
+            queue_behind_the_first(&q, (1..=10).map(|i| if i == 6 { "bad" } else { "m" })).await;
             backend.gate.notify_one();
-            for _ in 0..500 {
-                if q.state().unwrap().requests == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            drained(&q).await;
             assert_eq!(q.state().unwrap().requests, 0, "memory {memory}");
             let values = |r: &Vec<(String, f64)>| r.iter().map(|(_, v)| *v).collect::<Vec<f64>>();
             let seen: Vec<Vec<f64>> = lock(&backend.seen).iter().map(values).collect();
@@ -1357,20 +1367,9 @@ mod tests {
         let backend = recorder(2);
         let q = Queue::new(backend.clone(), Vec::new(), None, metrics(), o);
         q.start().unwrap();
-        for i in 1..=7 {
-            assert!(matches!(
-                q.send(body_of("m", f64::from(i)), &HeaderMap::new()),
-                Outcome::Queued
-            ));
-            tokio::task::yield_now().await;
-        }
+        queue_behind_the_first(&q, std::iter::repeat_n("m", 7)).await;
         backend.gate.notify_one();
-        for _ in 0..500 {
-            if q.state().unwrap().requests == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        drained(&q).await;
         assert_eq!(q.state().unwrap().requests, 0);
         let delivered: Vec<f64> = lock(&backend.seen)
             .iter()
