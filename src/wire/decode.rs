@@ -110,6 +110,11 @@ pub struct SeriesView {
     /// The metric type of the series' own 2.0 metadata (`MetricMetadata` numbering);
     /// 0 when unknown, always for 1.0 input.
     pub metric_type: u8,
+    /// A 2.0 series read in the usual shape ([`DecodedRequest::decode_v2`]'s fast path):
+    /// its samples' fields as they stand in the input, which are byte for byte a 1.0
+    /// `TimeSeries`' samples (the field numbers agree and none has a start timestamp).
+    /// Empty otherwise.
+    pub samples_raw: Span,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -173,6 +178,13 @@ pub struct DecodedRequest {
     /// where its `__name__` is: a series with the same names needs no sort check.
     pub(super) sorted_names: Vec<Span>,
     pub(super) sorted_name_at: usize,
+    /// 2.0: the name and metric type of the last series whose metadata was recorded (its
+    /// family has its [`MetadataView`]): the series after it, of the same name, skip the
+    /// family lookup. An empty name when none.
+    pub(super) md_last: (Span, u8),
+    /// Tests: every 2.0 series through the general path, to compare the fast one with.
+    #[cfg(test)]
+    pub(super) general_only: bool,
 }
 
 impl DecodedRequest {
@@ -191,6 +203,7 @@ impl DecodedRequest {
         self.refs.clear();
         self.md_index.clear();
         self.sorted_names.clear();
+        self.md_last = (Span::default(), 0);
     }
 
     pub fn sample_count(&self) -> usize {
@@ -499,6 +512,7 @@ impl DecodedRequest {
             canonical,
             labels_in_order: canonical,
             metric_type,
+            samples_raw: Span::default(),
         });
     }
 
@@ -700,10 +714,19 @@ fn decode_label_general(buf: &[u8], start: usize, end: usize) -> Result<LabelSpa
 
 #[inline]
 fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
-    // The shapes every sender writes: the value (key 0x09, 8 bytes; absent when 0.0, as
-    // proto3 leaves zeros out), then the timestamp (key 0x10, a varint) ending the
-    // message. Anything else takes the general loop.
-    let b = &buf[start..end];
+    match sample_in_usual_shape(buf, start, end) {
+        Some(smp) => Ok(smp),
+        None => decode_sample_general(buf, start, end),
+    }
+}
+
+/// A `Sample` (1.0, or 2.0 without a start timestamp: the field numbers agree) in the
+/// shapes every sender writes: the value (key 0x09, 8 bytes; absent when 0.0, as proto3
+/// leaves zeros out), then the timestamp (key 0x10, a varint) ending the message. `None`
+/// for anything else, errors included: the caller's general loop takes it.
+#[inline(always)]
+pub(super) fn sample_in_usual_shape(buf: &[u8], start: usize, end: usize) -> Option<SampleView> {
+    let b = buf.get(start..end)?;
     let (value_bits, ts_at) = if b.len() >= 11 && b[0] == 0x09 && b[9] == 0x10 {
         let mut value = [0u8; 8];
         value.copy_from_slice(&b[1..9]);
@@ -711,14 +734,11 @@ fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, Dec
     } else if b.len() >= 2 && b[0] == 0x10 {
         (0, 1)
     } else {
-        return decode_sample_general(buf, start, end);
+        return None;
     };
     let mut r = Reader::new(buf, start + ts_at, end);
-    let timestamp = r.varint()? as i64;
-    if !r.is_done() {
-        return decode_sample_general(buf, start, end);
-    }
-    Ok(SampleView {
+    let timestamp = r.varint().ok()? as i64;
+    r.is_done().then_some(SampleView {
         value_bits,
         timestamp,
         start_timestamp: 0,

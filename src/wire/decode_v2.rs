@@ -82,6 +82,11 @@ impl DecodedRequest {
                 // Reserved in 2.0 so that a 1.0 `WriteRequest` is never read as an empty
                 // 2.0 request: its series (1) and metadata (3) would be lost silently.
                 1..=3 => return Err(DecodeError::ReservedV2Field(field)),
+                // The series, read in the second pass: stepped over without `skip`'s
+                // dispatch.
+                5 if wire == WIRE_LEN => {
+                    r.len_delimited()?;
+                }
                 _ => r.skip(wire)?,
             }
         }
@@ -233,6 +238,9 @@ impl DecodedRequest {
         end: usize,
         limits: &DecodeLimits,
     ) -> Result<(), DecodeError> {
+        if self.decode_series_v2_fast(buf, start, end, limits)? {
+            return Ok(());
+        }
         let labels_start = self.labels.len() as u32;
         let samples_start = self.samples.len() as u32;
         let exemplars_start = self.exemplars.len() as u32;
@@ -333,6 +341,158 @@ impl DecodedRequest {
         Ok(())
     }
 
+    /// The shape every 2.0 sender writes, decoded in one pass with no field dispatch:
+    /// the label references packed in one field (key 0x0a), each under 16,384, then
+    /// samples in the usual shape (key 0x12, under 128 bytes, no start timestamp), then
+    /// at most the metadata (key 0x2a), nothing else. `Ok(false)` with nothing recorded
+    /// for anything else or anything wrong: the general decoder then takes the series,
+    /// with its errors. The one error returned is the general path's own at the same
+    /// point: the request's metadata pushing its spelled-out size past the limit.
+    #[inline]
+    fn decode_series_v2_fast(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        limits: &DecodeLimits,
+    ) -> Result<bool, DecodeError> {
+        #[cfg(test)]
+        if self.general_only {
+            return Ok(false);
+        }
+        let (labels_at, samples_at) = (self.labels.len(), self.samples.len());
+        let expanded_at = self.expanded_bytes;
+        let Some((md, in_order, name, samples_raw)) =
+            self.series_v2_fast_parts(buf, start, end, limits)
+        else {
+            self.labels.truncate(labels_at);
+            self.samples.truncate(samples_at);
+            self.expanded_bytes = expanded_at;
+            return Ok(false);
+        };
+        if md.present {
+            self.add_series_metadata(buf, name, &md);
+            self.check_expanded(limits)?;
+        }
+        let (exemplars, histograms) = (self.exemplars.len() as u32, self.histograms.len() as u32);
+        let labels = Range32 {
+            start: labels_at as u32,
+            end: self.labels.len() as u32,
+        };
+        self.push_series(
+            Span::new(start, end),
+            labels,
+            (samples_at as u32, exemplars, histograms),
+            name,
+            false,
+            md.metric_type,
+        );
+        if let Some(s) = self.series.last_mut() {
+            s.labels_in_order = in_order;
+            s.samples_raw = samples_raw;
+        }
+        Ok(true)
+    }
+
+    /// [`Self::decode_series_v2_fast`]'s labels, samples and checks: the series'
+    /// metadata, whether its labels are in order, its `__name__` value; `None` (the
+    /// caller undoes what was pushed) where the general path must look.
+    #[inline(always)]
+    fn series_v2_fast_parts(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        limits: &DecodeLimits,
+    ) -> Option<(SeriesMetadata, bool, Span, Span)> {
+        let msg = buf.get(start..end)?;
+        let (refs_at, refs_end) = short_field(msg, 0, 0x0a)?;
+        let refs = &msg[refs_at..refs_end];
+        // A reference takes at most two bytes here: more than this many bytes are more
+        // labels than allowed (the general path says so), and bound what is pushed.
+        if refs.len() > 4 * limits.max_labels_per_series {
+            return None;
+        }
+        let labels_at = self.labels.len();
+        // Three plain loops (resolve, compare, sum) rather than one that keeps every
+        // running value at once: the resolving loop then keeps its values in registers.
+        let symbols = &self.symbols[..];
+        let labels = &mut self.labels;
+        labels.reserve(refs.len() / 2);
+        let mut p = 0;
+        while p < refs.len() {
+            let (name_ref, q) = short_ref(refs, p)?;
+            let (value_ref, q) = short_ref(refs, q)?;
+            p = q;
+            labels.push(LabelSpan {
+                name: *symbols.get(name_ref)?,
+                value: *symbols.get(value_ref)?,
+            });
+        }
+        let new = &self.labels[labels_at..];
+        if new.len() > limits.max_labels_per_series {
+            return None;
+        }
+        // The names are the last sorted series' (see `check_labels_v2`).
+        let same_names = !self.sorted_names.is_empty()
+            && new.len() == self.sorted_names.len()
+            && new
+                .iter()
+                .zip(&self.sorted_names)
+                .all(|(l, n)| l.name == *n);
+        let (mut spelled, mut longest, mut no_empty_value) = (0usize, 0u32, true);
+        for l in new {
+            // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
+            // Symbols are spans with `start <= end`.
+            let value_len = l.value.end - l.value.start;
+            spelled += (l.name.end - l.name.start + value_len) as usize + LABEL_OVERHEAD;
+            longest = longest.max(value_len);
+            no_empty_value &= value_len != 0;
+        }
+        if longest as usize > limits.max_label_value_bytes {
+            return None;
+        }
+        self.expanded_bytes = self.expanded_bytes.saturating_add(spelled);
+        if self.expanded_bytes > limits.max_expanded_bytes {
+            return None;
+        }
+        let mut p = refs_end;
+        let samples_at = p;
+        while msg.get(p) == Some(&0x12) {
+            let len = *msg.get(p + 1)? as usize;
+            if len >= 0x80 || p + 2 + len > msg.len() {
+                return None;
+            }
+            let at = start + p + 2;
+            self.samples
+                .push(super::decode::sample_in_usual_shape(buf, at, at + len)?);
+            p += 2 + len;
+        }
+        let samples_raw = Span::new(start + samples_at, start + p);
+        let mut md = SeriesMetadata::default();
+        if msg.get(p) == Some(&0x2a) {
+            let (s, e) = short_field(msg, p, 0x2a)?;
+            md = self
+                .decode_series_metadata(buf, start + s, start + e)
+                .ok()?;
+            p = e;
+        }
+        if p != msg.len() {
+            return None;
+        }
+        if same_names {
+            // What `check_labels_v2` checks of such a series, read on the way.
+            let name = self.labels[labels_at + self.sorted_name_at].value;
+            return (!name.is_empty()).then_some((md, no_empty_value, name, samples_raw));
+        }
+        let labels = Range32 {
+            start: labels_at as u32,
+            end: self.labels.len() as u32,
+        };
+        let (name, in_order) = self.check_labels_v2(buf, labels).ok()?;
+        Some((md, in_order, name, samples_raw))
+    }
+
     /// [`check_labels`], or, for a series whose label names are the previous sorted
     /// series' (the same symbols: one family, one target, in the sender's order), only
     /// what can differ: empty values and the `__name__` value.
@@ -404,6 +564,12 @@ impl DecodedRequest {
 
     /// One [`MetadataView`] per family and request: series of one family repeat it.
     fn add_series_metadata(&mut self, buf: &[u8], name: Span, md: &SeriesMetadata) {
+        // The series before, of the same name symbol and type: the same family, whose
+        // view is recorded.
+        if self.md_last == (name, md.metric_type) {
+            return;
+        }
+        self.md_last = (name, md.metric_type);
         let name_bytes = name.bytes(buf);
         let family = family_of(name_bytes, md.metric_type);
         let family_span = Span {
@@ -575,6 +741,30 @@ fn decode_histogram_v2(
 }
 
 /// A label reference as read (a varint), as an index: past `u32` it can name no symbol.
+/// A length-delimited field with key `key` at `msg[p..]` whose length takes one or two
+/// bytes: the (start, end) of its contents in `msg`.
+#[inline(always)]
+fn short_field(msg: &[u8], p: usize, key: u8) -> Option<(usize, usize)> {
+    if *msg.get(p)? != key {
+        return None;
+    }
+    let (len, at) = short_ref(msg, p + 1)?;
+    let end = at.checked_add(len)?;
+    (end <= msg.len()).then_some((at, end))
+}
+
+/// A varint of one or two bytes at `msg[p..]` (a symbol reference under 16,384, a
+/// length under 16 KiB): its value and the position after it.
+#[inline(always)]
+fn short_ref(msg: &[u8], p: usize) -> Option<(usize, usize)> {
+    let b = *msg.get(p)?;
+    if b < 0x80 {
+        return Some((usize::from(b), p + 1));
+    }
+    let c = *msg.get(p + 1)?;
+    (c < 0x80).then_some((usize::from(b & 0x7f) | (usize::from(c) << 7), p + 2))
+}
+
 fn symbol_ref(v: u64, symbols: usize) -> Result<u32, DecodeError> {
     u32::try_from(v).map_err(|_| DecodeError::SymbolRef { index: v, symbols })
 }
@@ -718,6 +908,168 @@ mod tests {
             assert_eq!(d.metadata[0].family.str(&buf), "http_seconds");
             assert_eq!(d.metadata[0].help.str(&buf), "Latency.");
             assert!(d.metadata[0].raw.is_empty());
+        }
+    }
+
+    /// A request's bytes with every series' label references unpacked (one varint
+    /// field each, as the spec allows), which only the general path reads.
+    fn unpacked(req: &v2::Request) -> Vec<u8> {
+        use crate::wire::pb::put_varint;
+        let mut out = Vec::new();
+        for s in &req.symbols {
+            out.push(0x22);
+            put_varint(&mut out, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+        for ts in &req.timeseries {
+            let mut body = Vec::new();
+            for r in &ts.labels_refs {
+                body.push(0x08);
+                put_varint(&mut body, u64::from(*r));
+            }
+            let mut rest = ts.clone();
+            rest.labels_refs.clear();
+            body.extend_from_slice(&rest.encode_to_vec());
+            out.push(0x2a);
+            put_varint(&mut out, body.len() as u64);
+            out.extend_from_slice(&body);
+        }
+        out
+    }
+
+    /// What a decoded request says, as owned values (spans read out of their buffer).
+    fn view(d: &DecodedRequest, buf: &[u8]) -> String {
+        let mut text = format!(
+            "expanded {} start_ts {}\n",
+            d.expanded_bytes, d.has_start_timestamps
+        );
+        for s in &d.series {
+            let labels: Vec<(&str, &str)> = d.labels[s.labels.usize()]
+                .iter()
+                .map(|l| (l.name.str(buf), l.value.str(buf)))
+                .collect();
+            text += &format!(
+                "{} {:?} in_order {} type {} samples {:?}\n",
+                s.name.str(buf),
+                labels,
+                s.labels_in_order,
+                s.metric_type,
+                &d.samples[s.samples.usize()]
+            );
+        }
+        for m in &d.metadata {
+            text += &format!(
+                "md {} {} {:?} {:?}\n",
+                m.metric_type,
+                m.family.str(buf),
+                m.help.str(buf),
+                m.unit.str(buf)
+            );
+        }
+        text
+    }
+
+    proptest::proptest! {
+        /// The fast path (packed references, the usual shapes) reads every request as
+        /// the general path does (the same request with unpacked references), errors
+        /// included, whatever the labels (unsorted, repeated, empty, missing
+        /// `__name__`), references (past 127 and 16,383, out of range, odd), samples
+        /// (zero values, start timestamps), metadata and limits. Where it takes a series'
+        /// samples as they stand, those bytes are their 1.0 encoding.
+        #[test]
+        fn the_fast_path_reads_what_the_general_path_reads(
+            series in proptest::collection::vec(
+                (
+                    proptest::collection::vec(0u32..40, 0..12),
+                    proptest::collection::vec((0u8..3, 0usize..6, 0u8..8), 0..3),
+                    0u8..5,
+                    proptest::bool::weighted(0.1),
+                    proptest::bool::weighted(0.85),
+                ),
+                1..8,
+            ),
+            far in 0usize..3,
+            max_labels in 3usize..16,
+            max_value in 6usize..60,
+        ) {
+            // Symbols: names and values at 1..40 (one long value), then padding so that
+            // references past 127 or 16,383 exist: ref r >= 20 reads symbol r + offset.
+            let mut symbols: Vec<String> = vec![String::new(), "__name__".into()];
+            for n in ["a", "b", "job", "le", "zz"] { symbols.push(n.into()); }
+            for v in ["up", "x", "0.5", "", "node", "q_bucket", "http_total"] { symbols.push(v.into()); }
+            symbols.push("v".repeat(30));
+            while symbols.len() < 20 { symbols.push(format!("s{}", symbols.len())); }
+            let offset = [0usize, 150, 16_400][far];
+            for i in 0..offset { symbols.push(format!("p{i}")); }
+            for i in 20..40 { symbols.push(format!("t{i}")); }
+            let reference = |r: u32| if r >= 20 { r + offset as u32 } else { r };
+            let timeseries: Vec<v2::TimeSeries> = series
+                .iter()
+                .map(|(refs, samples, md, created, sorted)| {
+                    let mut refs: Vec<u32> = refs.iter().map(|r| reference(*r)).collect();
+                    if *sorted && refs.len() >= 2 {
+                        // __name__ first, then a few other names: the usual sorted shape.
+                        refs[0] = 1;
+                        refs[1] = 7 + refs[1] % 6;
+                        for (k, pair) in refs[2..].chunks_mut(2).enumerate() {
+                            pair[0] = 2 + (k as u32 % 5);
+                            if let Some(v) = pair.get_mut(1) {
+                                // Values of the names' own, the empty one among them.
+                                *v = 7 + *v % 8;
+                            }
+                        }
+                    }
+                    v2::TimeSeries {
+                        labels_refs: refs,
+                        samples: samples
+                            .iter()
+                            .map(|&(v, t, st)| v2::Sample {
+                                value: [0.0, 1.5, f64::from_bits(0x7ff0_0000_0000_0002)][v as usize],
+                                timestamp: [0, 1_700_000_000_000, 5, 1_700_000_015_000, 1_700_000_030_000, 300][t],
+                                start_timestamp: if st == 0 { 7 } else { 0 },
+                            })
+                            .collect(),
+                        metadata: (*md > 0).then_some(v2::Metadata {
+                            r#type: i32::from(*md) - 1,
+                            help_ref: u32::from(*md) * 3,
+                            unit_ref: 0,
+                        }),
+                        created_timestamp: if *created { 3 } else { 0 },
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let req = v2::Request { symbols, timeseries };
+            let limits = DecodeLimits {
+                max_labels_per_series: max_labels,
+                max_label_value_bytes: max_value,
+                ..DecodeLimits::default()
+            };
+            let (fast_buf, unpacked_buf) = (req.encode_to_vec(), unpacked(&req));
+            let (mut fast, mut general) = (DecodedRequest::default(), DecodedRequest::default());
+            general.general_only = true;
+            let a = fast.decode_v2(&fast_buf, limits).map(|()| view(&fast, &fast_buf));
+            let b = general.decode_v2(&fast_buf, limits).map(|()| view(&general, &fast_buf));
+            let a = a.map_err(|e| e.to_string());
+            proptest::prop_assert_eq!(&a, &b.map_err(|e| e.to_string()));
+            // Unpacked references (read by the general path only) give the same view
+            // when the request is good (errors may come in another order; the input,
+            // so the spelled-out size, is larger).
+            let mut other = DecodedRequest::default();
+            let series_of = |v: &str| v.split_once('\n').map(|(_, rest)| rest.to_owned());
+            if let (Ok(()), Ok(a)) = (other.decode_v2(&unpacked_buf, limits), &a) {
+                proptest::prop_assert_eq!(series_of(&view(&other, &unpacked_buf)), series_of(a));
+            }
+            for s in fast.series.iter().filter(|s| !s.samples_raw.is_empty()) {
+                let mut want = Vec::new();
+                let mut w = crate::wire::encode::SeriesWriter::new(&mut want);
+                for smp in &fast.samples[s.samples.usize()] {
+                    w.sample_view(smp);
+                }
+                proptest::prop_assert_eq!(s.samples_raw.bytes(&fast_buf), &want[..]);
+            }
+            // General-path series never claim raw samples.
+            proptest::prop_assert!(general.series.iter().all(|s| s.samples_raw.is_empty()));
         }
     }
 

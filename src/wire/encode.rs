@@ -70,24 +70,26 @@ pub fn encoded_label_at(buf: &[u8], name: Span, value: Span) -> Option<(usize, u
     .then_some((ns - 4, ve))
 }
 
-/// The labels of the previous series written through it, encoded, for a 2.0 request,
-/// whose labels are spans into its symbols table: a label at the same position with the
-/// same name and value spans (the same symbols, so the same bytes) is copied from there
-/// instead of encoded again, neighbours in one copy. Consecutive series mostly share all
-/// but one or two labels (a family's buckets, a target's series). Keys are spans into one
-/// request's buffer: [`LabelMemo::clear`] before each request.
+/// The labels of the previous series written through it, for a 2.0 request, whose
+/// labels are spans into its symbols table: a label at the same position with the same
+/// name and value spans (the same symbols, so the same bytes) is copied from where the
+/// previous series' encoding stands in the output instead of encoded again, neighbours
+/// in one copy. Consecutive series mostly share all but one or two labels (a family's
+/// buckets, a target's series). Keys are spans into one request's buffer, positions are
+/// offsets into one output buffer: [`LabelMemo::clear`] before each request, and use one
+/// memo with one output buffer ([`SeriesWriter::in_place`]).
 #[derive(Default)]
 pub struct LabelMemo {
-    prev: MemoSeries,
-    cur: MemoSeries,
-}
-
-/// One series' labels in a [`LabelMemo`]: label `k`'s key and the end of its encoding
-/// in `bytes`.
-#[derive(Default)]
-struct MemoSeries {
-    labels: Vec<(LabelKey, u32)>,
-    bytes: Vec<u8>,
+    /// The previous series' labels: label `k`'s key and the end of its encoding,
+    /// relative to `prev_at`.
+    prev: Vec<(LabelKey, u32)>,
+    /// Where the previous series' labels start in the output.
+    prev_at: usize,
+    /// The output's length when the previous series was closed: an output shorter than
+    /// that no longer holds its labels (it was cleared or truncated).
+    settled_len: usize,
+    /// The labels of the series being written, settled by [`SeriesWriter::close_memo`].
+    cur: Vec<(LabelKey, u32)>,
 }
 
 /// A label as spans of the request buffer, name start, name end, value start and value
@@ -111,13 +113,8 @@ impl LabelMemo {
     pub fn clear(&mut self) {
         self.prev.clear();
         self.cur.clear();
-    }
-}
-
-impl MemoSeries {
-    fn clear(&mut self) {
-        self.labels.clear();
-        self.bytes.clear();
+        self.prev_at = 0;
+        self.settled_len = 0;
     }
 }
 
@@ -126,16 +123,40 @@ pub fn write_series_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     put_label(out, 1, name, value);
 }
 
-/// Builds one `TimeSeries` message in a scratch buffer, then appends it with its key and
-/// length. Callers must add labels first, sorted, then samples, exemplars, histograms.
+/// Builds one `TimeSeries` message, in a scratch buffer then appended with its key and
+/// length ([`SeriesWriter::new`], [`SeriesWriter::finish`]), or straight in the output
+/// ([`SeriesWriter::in_place`], [`SeriesWriter::close`]). Callers must add labels first,
+/// sorted, then samples, exemplars, histograms.
 pub struct SeriesWriter<'a> {
     body: &'a mut Vec<u8>,
+    /// In place: where the series' body starts in `body` (its key and a two-byte length
+    /// stand before it).
+    in_place_at: Option<usize>,
 }
+
+/// A series' key and a placeholder of two length bytes: bodies of 128 bytes to 16 KiB,
+/// the usual size, need no move when the length is written.
+const IN_PLACE_HEADER: usize = 3;
 
 impl<'a> SeriesWriter<'a> {
     pub fn new(scratch: &'a mut Vec<u8>) -> Self {
         scratch.clear();
-        SeriesWriter { body: scratch }
+        SeriesWriter {
+            body: scratch,
+            in_place_at: None,
+        }
+    }
+
+    /// Writes one `TimeSeries` (field 1 of a `WriteRequest`) straight at the end of
+    /// `out`, with no scratch buffer and no copy of its body; [`SeriesWriter::close`]
+    /// writes its length.
+    pub fn in_place(out: &'a mut Vec<u8>) -> Self {
+        out.extend_from_slice(&[(FIELD_TIMESERIES << 3) as u8 | WIRE_LEN, 0x80, 0x00]);
+        let at = out.len();
+        SeriesWriter {
+            body: out,
+            in_place_at: Some(at),
+        }
     }
 
     #[inline]
@@ -145,7 +166,8 @@ impl<'a> SeriesWriter<'a> {
 
     /// Appends a series' `count` labels, in order, through `memo` (see [`LabelMemo`]):
     /// label `k` has key `key(k)` and is (name, value) `bytes(k)`, read only when it is
-    /// encoded.
+    /// encoded. Only in place, as the series' first field; end the series with
+    /// [`SeriesWriter::close_memo`].
     #[inline]
     pub fn labels_memo<'l>(
         &mut self,
@@ -155,22 +177,27 @@ impl<'a> SeriesWriter<'a> {
         bytes: impl Fn(usize) -> (&'l [u8], &'l [u8]),
     ) {
         let start = self.body.len();
+        if self.in_place_at != Some(start) || start < memo.settled_len {
+            // Not the first field of a series in this output: nothing to copy from.
+            memo.prev.clear();
+        }
+        let base = memo.prev_at;
         let (prev, cur) = (&memo.prev, &mut memo.cur);
         cur.clear();
-        // A run of labels copied from the previous series: `prev.bytes[from..to]`.
+        // A run of labels copied from the previous series: `base + a .. base + b`.
         let mut run: Option<(usize, usize)> = None;
         let mut from = 0usize;
         let mut written = 0usize;
         for k in 0..count {
             let key = key(k);
-            match prev.labels.get(k) {
+            match prev.get(k) {
                 Some(&(seen, to)) if seen == key && key != NO_KEY => {
                     let to = to as usize;
                     match &mut run {
                         Some((_, run_to)) if *run_to == from => *run_to = to,
                         _ => {
                             if let Some((a, b)) = run.replace((from, to)) {
-                                self.body.extend_from_slice(&prev.bytes[a..b]);
+                                self.body.extend_from_within(base + a..base + b);
                             }
                         }
                     }
@@ -178,7 +205,7 @@ impl<'a> SeriesWriter<'a> {
                 }
                 _ => {
                     if let Some((a, b)) = run.take() {
-                        self.body.extend_from_slice(&prev.bytes[a..b]);
+                        self.body.extend_from_within(base + a..base + b);
                     }
                     let (name, value) = bytes(k);
                     put_label(self.body, 1, name, value);
@@ -186,14 +213,19 @@ impl<'a> SeriesWriter<'a> {
                 }
             }
             // Where the previous series' label k + 1 starts.
-            from = prev.labels.get(k).map_or(0, |l| l.1 as usize);
-            cur.labels.push((key, written as u32));
+            from = prev.get(k).map_or(0, |l| l.1 as usize);
+            cur.push((key, written as u32));
         }
         if let Some((a, b)) = run {
-            self.body.extend_from_slice(&prev.bytes[a..b]);
+            self.body.extend_from_within(base + a..base + b);
         }
-        cur.bytes.extend_from_slice(&self.body[start..]);
-        std::mem::swap(&mut memo.prev, &mut memo.cur);
+    }
+
+    /// Appends fields already encoded as this message's (a series' samples, as a 2.0
+    /// input holds them: see `SeriesView::samples_raw`).
+    #[inline]
+    pub fn raw_fields(&mut self, encoded: &[u8]) {
+        self.body.extend_from_slice(encoded);
     }
 
     /// Appends labels already encoded by [`write_series_label`], in order.
@@ -287,8 +319,48 @@ impl<'a> SeriesWriter<'a> {
         put_bytes_field(self.body, 4, raw);
     }
 
+    /// Appends the series built in the scratch buffer to `out`.
     pub fn finish(self, out: &mut Vec<u8>) {
+        debug_assert!(self.in_place_at.is_none(), "an in-place series is closed");
         put_bytes_field(out, FIELD_TIMESERIES, self.body);
+    }
+
+    /// Ends a series begun [`SeriesWriter::in_place`]: writes its length, moving the
+    /// body only when that length is not two bytes long. Returns where the body starts.
+    pub fn close(self) -> usize {
+        let Some(at) = self.in_place_at else {
+            unreachable!("close ends an in-place series");
+        };
+        let out = self.body;
+        let len = out.len() - at;
+        let len_at = at - (IN_PLACE_HEADER - 1);
+        let body_at = len_at + varint_len(len as u64);
+        if body_at < at {
+            out.copy_within(at.., body_at);
+            out.truncate(body_at + len);
+        } else if body_at > at {
+            out.resize(body_at + len, 0);
+            out.copy_within(at..at + len, body_at);
+        }
+        let mut v = len as u64;
+        let mut i = len_at;
+        while v >= 0x80 {
+            out[i] = (v as u8) | 0x80;
+            v >>= 7;
+            i += 1;
+        }
+        out[i] = v as u8;
+        body_at
+    }
+
+    /// [`SeriesWriter::close`] for a series whose labels went through `memo`: the next
+    /// series' labels are copied from where these now stand.
+    pub fn close_memo(self, memo: &mut LabelMemo) {
+        let at = self.close();
+        std::mem::swap(&mut memo.prev, &mut memo.cur);
+        memo.prev_at = at;
+        // The end of these labels: an output cut shorter no longer holds them.
+        memo.settled_len = at + memo.prev.last().map_or(0, |l| l.1 as usize);
     }
 }
 
@@ -360,9 +432,10 @@ mod tests {
             let name_spans: Vec<Span> = names.iter().map(|n| at(n)).collect();
             let value_spans: Vec<Span> = values.iter().map(|v| at(v)).collect();
             let mut memo = LabelMemo::default();
-            let (mut body, mut want) = (Vec::new(), Vec::new());
+            let (mut out, mut want) = (vec![0xeeu8; 7], Vec::new());
             for labels in &series {
-                let mut w = SeriesWriter::new(&mut body);
+                let start = out.len();
+                let mut w = SeriesWriter::in_place(&mut out);
                 w.labels_memo(
                     &mut memo,
                     labels.len(),
@@ -372,12 +445,42 @@ mod tests {
                     },
                     |k| (names[labels[k].0].as_bytes(), values[labels[k].1].as_bytes()),
                 );
+                w.sample(1, 2);
+                w.close_memo(&mut memo);
                 want.clear();
                 for &(n, v, _) in labels {
                     write_series_label(&mut want, names[n].as_bytes(), values[v].as_bytes());
                 }
-                proptest::prop_assert_eq!(&body, &want);
+                // The series as a scratch-built one appends it: key, length, body.
+                let mut body = Vec::new();
+                let mut s = SeriesWriter::new(&mut body);
+                s.raw_labels(&want);
+                s.sample(1, 2);
+                let mut whole = Vec::new();
+                s.finish(&mut whole);
+                proptest::prop_assert_eq!(&out[start..], &whole[..]);
             }
+        }
+    }
+
+    #[test]
+    fn a_series_written_in_place_equals_one_built_in_scratch_at_every_length_size() {
+        // Bodies whose length takes one, two, three and four varint bytes, at the edges.
+        for value_len in [0usize, 100, 117, 118, 16_000, 16_373, 16_374, 2_097_200] {
+            let value = vec![b'v'; value_len];
+            let mut out = vec![0x42u8; 5];
+            let mut w = SeriesWriter::in_place(&mut out);
+            w.label(b"__name__", b"up");
+            w.histogram_raw(&value);
+            let at = w.close();
+            let mut scratch = Vec::new();
+            let mut s = SeriesWriter::new(&mut scratch);
+            s.label(b"__name__", b"up");
+            s.histogram_raw(&value);
+            let mut want = vec![0x42u8; 5];
+            s.finish(&mut want);
+            assert_eq!(out, want, "body with a value of {value_len} bytes");
+            assert_eq!(&out[at..at + 4], &[0x0a, 0x0e, 0x0a, 0x08]);
         }
     }
 

@@ -198,13 +198,13 @@ impl Mapper {
         out: &mut Vec<u8>,
         taps: &TapSet,
     ) {
-        let mut series_buf = std::mem::take(&mut self.series_buf);
+        let mut memo = std::mem::take(&mut self.label_memo);
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
-            let mut w = SeriesWriter::new(&mut series_buf);
+            // Straight into the output, no scratch copy.
+            let mut w = SeriesWriter::in_place(out);
             if req.v2 {
                 // No label of a 2.0 request stands encoded in its buffer: through the memo.
-                let mut memo = std::mem::take(&mut self.label_memo);
                 let labels = &self.out_labels[o.labels.usize()];
                 w.labels_memo(
                     &mut memo,
@@ -220,7 +220,6 @@ impl Mapper {
                         )
                     },
                 );
-                self.label_memo = memo;
             } else {
                 self.write_labels(&mut w, o.labels, buf);
             }
@@ -249,10 +248,14 @@ impl Mapper {
                     self.tap_merged(taps, buf, o, None);
                 }
             }
-            w.finish(out);
+            if req.v2 {
+                w.close_memo(&mut memo);
+            } else {
+                w.close();
+            }
             self.stats.series_out += 1;
         }
-        self.series_buf = series_buf;
+        self.label_memo = memo;
     }
 
     /// Writes an output series' labels. Labels the rules left as they came are copied

@@ -87,7 +87,6 @@ pub struct Mapper {
     gather_samples: Vec<SampleView>,
     gather_hist: Vec<HistOut>,
     gather_ex: Vec<ExemplarOut>,
-    series_buf: Vec<u8>,
     /// The labels of the previous series written from a 2.0 request, encoded.
     label_memo: crate::wire::encode::LabelMemo,
     taps: Vec<Tapped>,
@@ -232,8 +231,9 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
     ) {
-        let mut body = std::mem::take(&mut self.series_buf);
-        let mut w = SeriesWriter::new(&mut body);
+        // Straight into the output: the labels of a 2.0 request's previous series are
+        // copied from there.
+        let mut w = SeriesWriter::in_place(out);
         let labels = &req.labels[s.labels.usize()];
         if req.v2 {
             w.labels_memo(
@@ -247,8 +247,13 @@ impl Mapper {
                 w.label(l.name.bytes(buf), l.value.bytes(buf));
             }
         }
-        for smp in &req.samples[s.samples.usize()] {
-            w.sample_view(smp);
+        if s.samples_raw.is_empty() {
+            for smp in &req.samples[s.samples.usize()] {
+                w.sample_view(smp);
+            }
+        } else {
+            // A 2.0 series' samples as they came: 1.0's bytes.
+            w.raw_fields(s.samples_raw.bytes(buf));
         }
         for ex in &req.exemplars[s.exemplars.usize()] {
             let labels = req.labels[ex.labels.usize()]
@@ -259,8 +264,11 @@ impl Mapper {
         for h in &req.histograms[s.histograms.usize()] {
             w.histogram_raw(h.raw.bytes(buf));
         }
-        w.finish(out);
-        self.series_buf = body;
+        if req.v2 {
+            w.close_memo(&mut self.label_memo);
+        } else {
+            w.close();
+        }
     }
 
     /// What the rules do with series named `name`: memoised per name.
