@@ -536,7 +536,33 @@ struct LoadOutcome {
     errors: u64,
     /// Microseconds per successful request (open loop: from its scheduled time).
     latencies_us: Vec<u32>,
+    /// The longest latency (µs) of the requests scheduled in each second of the phase:
+    /// whether a tail is one stall or spread over the run.
+    max_by_second_us: Vec<u32>,
     elapsed_s: f64,
+}
+
+impl LoadOutcome {
+    fn note_latency(&mut self, second: usize, us: u32) {
+        self.latencies_us.push(us);
+        if self.max_by_second_us.len() <= second {
+            self.max_by_second_us.resize(second + 1, 0);
+        }
+        self.max_by_second_us[second] = self.max_by_second_us[second].max(us);
+    }
+
+    fn absorb(&mut self, o: LoadOutcome) {
+        self.requests_ok += o.requests_ok;
+        self.non2xx += o.non2xx;
+        self.errors += o.errors;
+        self.latencies_us.extend(o.latencies_us);
+        if self.max_by_second_us.len() < o.max_by_second_us.len() {
+            self.max_by_second_us.resize(o.max_by_second_us.len(), 0);
+        }
+        for (m, v) in self.max_by_second_us.iter_mut().zip(o.max_by_second_us) {
+            *m = (*m).max(v);
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Default)]
@@ -551,6 +577,9 @@ struct LoadSummary {
     lat_p90_ms: f64,
     lat_p99_ms: f64,
     lat_max_ms: f64,
+    /// The longest latency of the requests scheduled in each second, ms.
+    #[serde(default)]
+    lat_max_ms_by_second: Vec<f64>,
 }
 
 impl LoadOutcome {
@@ -576,6 +605,11 @@ impl LoadOutcome {
             lat_p90_ms: q(0.90),
             lat_p99_ms: q(0.99),
             lat_max_ms: q(1.0),
+            lat_max_ms_by_second: self
+                .max_by_second_us
+                .iter()
+                .map(|&us| f64::from(us / 100) / 10.0)
+                .collect(),
         }
     }
 }
@@ -648,7 +682,8 @@ async fn load_phase(
                         if (200..300).contains(&status) {
                             out.requests_ok += 1;
                             let us = done.duration_since(from).as_micros();
-                            out.latencies_us.push(u32::try_from(us).unwrap_or(u32::MAX));
+                            let second = from.duration_since(started).as_secs() as usize;
+                            out.note_latency(second, u32::try_from(us).unwrap_or(u32::MAX));
                         } else {
                             out.non2xx += 1;
                         }
@@ -667,11 +702,7 @@ async fn load_phase(
     }
     let mut total = LoadOutcome::default();
     for t in tasks {
-        let o = t.await?;
-        total.requests_ok += o.requests_ok;
-        total.non2xx += o.non2xx;
-        total.errors += o.errors;
-        total.latencies_us.extend(o.latencies_us);
+        total.absorb(t.await?);
     }
     total.elapsed_s = seconds.min(started.elapsed().as_secs_f64());
     Ok(total)
@@ -1425,5 +1456,19 @@ mod tests {
             (s.lat_p50_ms, s.lat_p99_ms, s.lat_max_ms),
             (50.0, 99.0, 100.0)
         );
+    }
+
+    #[test]
+    fn the_longest_latency_per_second_across_connections() {
+        let (mut a, mut b) = (LoadOutcome::default(), LoadOutcome::default());
+        a.note_latency(0, 1_250);
+        a.note_latency(0, 900);
+        a.note_latency(2, 30_000);
+        b.note_latency(0, 4_000);
+        b.note_latency(3, 2_000);
+        a.absorb(b);
+        assert_eq!(a.latencies_us.len(), 5);
+        let s = a.summary(1);
+        assert_eq!(s.lat_max_ms_by_second, [4.0, 0.0, 30.0, 2.0]);
     }
 }
