@@ -714,9 +714,34 @@ fn decode_label_general(buf: &[u8], start: usize, end: usize) -> Result<LabelSpa
 
 #[inline]
 fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
-    match sample_in_usual_shape(buf, start, end) {
-        Some(smp) => Ok(smp),
-        None => decode_sample_general(buf, start, end),
+    let (value_bits, ts_at) = match sample_head(&buf[start..end]) {
+        Some(head) => head,
+        None => return decode_sample_general(buf, start, end),
+    };
+    let mut r = Reader::new(buf, start + ts_at, end);
+    let timestamp = r.varint()? as i64;
+    if !r.is_done() {
+        return decode_sample_general(buf, start, end);
+    }
+    Ok(SampleView {
+        value_bits,
+        timestamp,
+        start_timestamp: 0,
+    })
+}
+
+/// The value and where the timestamp's varint starts, of a `Sample` in the usual
+/// shape (see [`sample_in_usual_shape`]).
+#[inline(always)]
+fn sample_head(b: &[u8]) -> Option<(u64, usize)> {
+    if b.len() >= 11 && b[0] == 0x09 && b[9] == 0x10 {
+        let mut value = [0u8; 8];
+        value.copy_from_slice(&b[1..9]);
+        Some((u64::from_le_bytes(value), 10))
+    } else if b.len() >= 2 && b[0] == 0x10 {
+        Some((0, 1))
+    } else {
+        None
     }
 }
 
@@ -724,18 +749,9 @@ fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, Dec
 /// shapes every sender writes: the value (key 0x09, 8 bytes; absent when 0.0, as proto3
 /// leaves zeros out), then the timestamp (key 0x10, a varint) ending the message. `None`
 /// for anything else, errors included: the caller's general loop takes it.
-#[inline(always)]
+#[inline]
 pub(super) fn sample_in_usual_shape(buf: &[u8], start: usize, end: usize) -> Option<SampleView> {
-    let b = buf.get(start..end)?;
-    let (value_bits, ts_at) = if b.len() >= 11 && b[0] == 0x09 && b[9] == 0x10 {
-        let mut value = [0u8; 8];
-        value.copy_from_slice(&b[1..9]);
-        (u64::from_le_bytes(value), 10)
-    } else if b.len() >= 2 && b[0] == 0x10 {
-        (0, 1)
-    } else {
-        return None;
-    };
+    let (value_bits, ts_at) = sample_head(buf.get(start..end)?)?;
     let mut r = Reader::new(buf, start + ts_at, end);
     let timestamp = r.varint().ok()? as i64;
     r.is_done().then_some(SampleView {
