@@ -363,20 +363,41 @@ impl DecodedRequest {
             self.samples.truncate(samples_at);
             return false;
         };
+        self.push_series_from(
+            Span::new(start, end),
+            (labels_at, samples_at),
+            name,
+            true,
+            0,
+        );
+        true
+    }
+
+    /// [`Self::push_series`] for a series read in one pass: its labels and samples are
+    /// the entries from `labels_at` and `samples_at` on, it has no exemplars or
+    /// histograms.
+    #[inline(always)]
+    pub(super) fn push_series_from(
+        &mut self,
+        raw: Span,
+        (labels_at, samples_at): (usize, usize),
+        name: Span,
+        canonical: bool,
+        metric_type: u8,
+    ) {
         let (exemplars, histograms) = (self.exemplars.len() as u32, self.histograms.len() as u32);
         let labels = Range32 {
             start: labels_at as u32,
             end: self.labels.len() as u32,
         };
         self.push_series(
-            Span::new(start, end),
+            raw,
             labels,
             (samples_at as u32, exemplars, histograms),
             name,
-            true,
-            0,
+            canonical,
+            metric_type,
         );
-        true
     }
 
     /// [`Self::decode_series_fast`]'s labels and samples; the `__name__` value, or `None`

@@ -374,15 +374,9 @@ impl DecodedRequest {
             self.add_series_metadata(buf, name, &md);
             self.check_expanded(limits)?;
         }
-        let (exemplars, histograms) = (self.exemplars.len() as u32, self.histograms.len() as u32);
-        let labels = Range32 {
-            start: labels_at as u32,
-            end: self.labels.len() as u32,
-        };
-        self.push_series(
+        self.push_series_from(
             Span::new(start, end),
-            labels,
-            (samples_at as u32, exemplars, histograms),
+            (labels_at, samples_at),
             name,
             false,
             md.metric_type,
