@@ -404,7 +404,7 @@ impl DecodedRequest {
         let refs = &msg[refs_at..refs_end];
         // A reference takes at most two bytes here: more than this many bytes are more
         // labels than allowed (the general path says so), and bound what is pushed.
-        if refs.len() > 4 * limits.max_labels_per_series {
+        if refs.len() / 4 > limits.max_labels_per_series {
             return None;
         }
         let labels_at = self.labels.len();
@@ -439,7 +439,7 @@ impl DecodedRequest {
             // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
             // Symbols are spans with `start <= end`.
             let value_len = l.value.end - l.value.start;
-            spelled += (l.name.end - l.name.start + value_len) as usize + LABEL_OVERHEAD;
+            spelled += (l.name.end - l.name.start) as usize + value_len as usize + LABEL_OVERHEAD;
             longest = longest.max(value_len);
             no_empty_value &= value_len != 0;
         }
@@ -734,7 +734,6 @@ fn decode_histogram_v2(
     Ok((timestamp, start_ts, schema))
 }
 
-/// A label reference as read (a varint), as an index: past `u32` it can name no symbol.
 /// A length-delimited field with key `key` at `msg[p..]` whose length takes one or two
 /// bytes: the (start, end) of its contents in `msg`.
 #[inline(always)]
@@ -759,6 +758,7 @@ fn short_ref(msg: &[u8], p: usize) -> Option<(usize, usize)> {
     (c < 0x80).then_some((usize::from(b & 0x7f) | (usize::from(c) << 7), p + 2))
 }
 
+/// A label reference as read (a varint), as an index: past `u32` it can name no symbol.
 fn symbol_ref(v: u64, symbols: usize) -> Result<u32, DecodeError> {
     u32::try_from(v).map_err(|_| DecodeError::SymbolRef { index: v, symbols })
 }

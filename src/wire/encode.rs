@@ -85,11 +85,15 @@ pub struct LabelMemo {
     prev: Vec<(LabelKey, u32)>,
     /// Where the previous series' labels start in the output.
     prev_at: usize,
-    /// The output's length when the previous series was closed: an output shorter than
-    /// that no longer holds its labels (it was cleared or truncated).
+    /// Where the previous series' labels end in the output: an output now shorter than
+    /// that was cleared or cut and no longer holds them (checked; an output cut and
+    /// grown again is not, so one memo serves one output that only grows, cleared with it).
     settled_len: usize,
     /// The labels of the series being written, settled by [`SeriesWriter::close_memo`].
     cur: Vec<(LabelKey, u32)>,
+    /// Where `cur`'s labels start in the series' body; `None` when they were not
+    /// written in place (nothing later can be copied from them).
+    cur_offset: Option<usize>,
 }
 
 /// A label as spans of the request buffer, name start, name end, value start and value
@@ -115,6 +119,7 @@ impl LabelMemo {
         self.cur.clear();
         self.prev_at = 0;
         self.settled_len = 0;
+        self.cur_offset = None;
     }
 }
 
@@ -181,6 +186,7 @@ impl<'a> SeriesWriter<'a> {
             // Not the first field of a series in this output: nothing to copy from.
             memo.prev.clear();
         }
+        memo.cur_offset = self.in_place_at.map(|at| start - at);
         let base = memo.prev_at;
         let (prev, cur) = (&memo.prev, &mut memo.cur);
         cur.clear();
@@ -357,8 +363,12 @@ impl<'a> SeriesWriter<'a> {
     /// series' labels are copied from where these now stand.
     pub fn close_memo(self, memo: &mut LabelMemo) {
         let at = self.close();
+        let Some(offset) = memo.cur_offset.take() else {
+            memo.prev.clear();
+            return;
+        };
         std::mem::swap(&mut memo.prev, &mut memo.cur);
-        memo.prev_at = at;
+        memo.prev_at = at + offset;
         // The end of these labels: an output cut shorter no longer holds them.
         memo.settled_len = at + memo.prev.last().map_or(0, |l| l.1 as usize);
     }
@@ -482,6 +492,40 @@ mod tests {
             assert_eq!(out, want, "body with a value of {value_len} bytes");
             assert_eq!(&out[at..at + 4], &[0x0a, 0x0e, 0x0a, 0x08]);
         }
+    }
+
+    /// Labels written after another field are remembered where they stand: the next
+    /// series copies the right bytes.
+    #[test]
+    fn the_memo_copies_labels_that_were_not_a_series_first_field() {
+        let buf = b"__name__upjobapi".to_vec();
+        let (name, up) = (Span::new(0, 8), Span::new(8, 10));
+        let (job, api) = (Span::new(10, 13), Span::new(13, 16));
+        let labels = [(name, up), (job, api)];
+        let write = |out: &mut Vec<u8>, memo: &mut LabelMemo, sample_first: bool| {
+            let mut w = SeriesWriter::in_place(out);
+            if sample_first {
+                w.sample(7, 8);
+            }
+            w.labels_memo(
+                memo,
+                2,
+                |k| label_key(labels[k].0, labels[k].1),
+                |k| (labels[k].0.bytes(&buf), labels[k].1.bytes(&buf)),
+            );
+            w.close_memo(memo);
+        };
+        let (mut out, mut memo) = (Vec::new(), LabelMemo::default());
+        write(&mut out, &mut memo, true);
+        let first = out.len();
+        write(&mut out, &mut memo, false);
+        let mut want = Vec::new();
+        let mut s = SeriesWriter::new(&mut want);
+        s.label(b"__name__", b"up");
+        s.label(b"job", b"api");
+        let mut whole = Vec::new();
+        s.finish(&mut whole);
+        assert_eq!(&out[first..], &whole[..]);
     }
 
     fn fresh(name: &[u8], value: &[u8]) -> Vec<u8> {
