@@ -453,7 +453,7 @@ impl Deriver {
         while i < batch.len() {
             let mut j = i;
             let mut w = SeriesWriter::new(scratch);
-            w.raw_labels(&batch[i].labels);
+            w.raw_fields(&batch[i].labels);
             while j < batch.len() && Arc::ptr_eq(&batch[j].labels, &batch[i].labels) {
                 w.sample(batch[j].value_bits, batch[j].timestamp);
                 j += 1;

@@ -208,7 +208,7 @@ impl Unroller {
                 w.label(&buf[ns..ne], &buf[vs..ve]);
             }
             for &(a, b) in &self.kept {
-                w.raw_labels(&buf[a..b]);
+                w.raw_fields(&buf[a..b]);
             }
             w.finish(out);
         }
@@ -380,7 +380,7 @@ impl Classic<'_> {
             });
         }
         for &(a, b, _) in exemplars {
-            w.raw_labels(&buf[a..b]);
+            w.raw_fields(&buf[a..b]);
         }
         w.finish(out);
     }

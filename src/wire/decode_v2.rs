@@ -427,7 +427,9 @@ impl DecodedRequest {
         if new.len() > limits.max_labels_per_series {
             return None;
         }
-        // The names are the last sorted series' (see `check_labels_v2`).
+        // The names are the last sorted series': `check_labels_v2`'s first branch, done
+        // here with the empty-value test folded into the sum below (calling it instead,
+        // inlined: 4,107 against 4,064 instructions per sample).
         let same_names = !self.sorted_names.is_empty()
             && new.len() == self.sorted_names.len()
             && new

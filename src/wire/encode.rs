@@ -227,16 +227,11 @@ impl<'a> SeriesWriter<'a> {
         }
     }
 
-    /// Appends fields already encoded as this message's (a series' samples, as a 2.0
-    /// input holds them: see `SeriesView::samples_raw`).
+    /// Appends fields already encoded as this message's, in order: labels written by
+    /// [`write_series_label`], or a series' samples as a 2.0 input holds them
+    /// (`SeriesView::samples_raw`).
     #[inline]
     pub fn raw_fields(&mut self, encoded: &[u8]) {
-        self.body.extend_from_slice(encoded);
-    }
-
-    /// Appends labels already encoded by [`write_series_label`], in order.
-    #[inline]
-    pub fn raw_labels(&mut self, encoded: &[u8]) {
         self.body.extend_from_slice(encoded);
     }
 
@@ -464,7 +459,7 @@ mod tests {
                 // The series as a scratch-built one appends it: key, length, body.
                 let mut body = Vec::new();
                 let mut s = SeriesWriter::new(&mut body);
-                s.raw_labels(&want);
+                s.raw_fields(&want);
                 s.sample(1, 2);
                 let mut whole = Vec::new();
                 s.finish(&mut whole);

@@ -272,19 +272,19 @@ impl Mapper {
                 (Some((start, end)), Some((_, run_end))) if *run_end == start => *run_end = end,
                 (Some(span), _) => {
                     if let Some((a, b)) = run.replace(span) {
-                        w.raw_labels(&buf[a..b]);
+                        w.raw_fields(&buf[a..b]);
                     }
                 }
                 (None, _) => {
                     if let Some((a, b)) = run.take() {
-                        w.raw_labels(&buf[a..b]);
+                        w.raw_fields(&buf[a..b]);
                     }
                     w.label(self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
                 }
             }
         }
         if let Some((a, b)) = run {
-            w.raw_labels(&buf[a..b]);
+            w.raw_fields(&buf[a..b]);
         }
     }
 
