@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The latency goal measured in one window (BENCHMARKS.md): each round first finds the
-# open-loop maximum (bench/latency.sh at OVERLOAD requests/s, more than the SUT takes:
-# what it accepts is the maximum), then runs bench/latency.sh at 80 % of that maximum.
-# Both halves of a round run back to back, so that a machine whose speed drifts (a
-# shared VM) is measured against its own maximum of the moment.
+# The latency goal measured in one window (BENCHMARKS.md). Each round finds the open-loop
+# maximum (bench/latency.sh at OVERLOAD requests/s, more than the SUT takes: what it
+# accepts is the maximum), runs bench/latency.sh at 80 % of that maximum, then measures
+# the maximum again. The three run back to back, so that a machine whose speed drifts (a
+# shared VM) is measured against its own maximum of the moment; a round whose two maxima
+# differ by more than STEADY_PCT % ran on a machine that changed speed under it, so 80 %
+# of the first maximum was not 80 % of the capacity the middle run had. Such a round is
+# kept and printed, marked "drifted", and left out of the "steady rounds" median (the
+# median of every round is printed too).
 #
 # Usage: bench/latency-at-80.sh [ROUNDS] [CONNECTIONS] [OVERLOAD_RPS]   (3, 8, 1800)
-# Environment: DURATION_S (15), CONFIG (bench/all-packs.yaml), PERCENT (80).
+# Environment: DURATION_S (15), CONFIG (bench/all-packs.yaml), PERCENT (80), STEADY_PCT
+# (5), SINK_COUNT (requests; see bench/latency.sh).
 # Results: bench/results/latency80-<UTC time>.jsonl (every run's JSON line, with
-# "phase": "max" or "at80"), then a table per round and the medians.
+# "phase": "max", "at80" or "max_after"), then a table per round and the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 CONNS=${2:-8}
 OVERLOAD=${3:-1800}
 PERCENT=${PERCENT:-80}
+STEADY_PCT=${STEADY_PCT:-5}
 CONFIG=${CONFIG:-bench/all-packs.yaml}
 export DURATION_S=${DURATION_S:-15}
 mkdir -p bench/results
@@ -28,29 +34,48 @@ for r in $(seq "$ROUNDS"); do
   per=$(field "$tmp/max.jsonl" samples_per_request)
   rate=$(python3 -c "print(max(1, round($max * $PERCENT / 100 / $per)))")
   RUNS=1 RESULTS=$tmp/at.jsonl bench/latency.sh promnorm "$rate" "$CONNS" "$CONFIG" >/dev/null
-  python3 - "$r" "$tmp/max.jsonl" "$tmp/at.jsonl" "$PERCENT" >>"$OUT" <<'EOF'
+  RUNS=1 RESULTS=$tmp/after.jsonl bench/latency.sh promnorm "$OVERLOAD" "$CONNS" "$CONFIG" >/dev/null
+  python3 - "$r" "$tmp/max.jsonl" "$tmp/at.jsonl" "$tmp/after.jsonl" "$PERCENT" "$STEADY_PCT" >>"$OUT" <<'PY'
 import json, sys
-r, mx, at, percent = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-for phase, path in (("max", mx), ("at80", at)):
-    d = json.loads(open(path).read().splitlines()[-1])
-    d.update({"round": int(r), "phase": phase, "percent": percent})
+r, mx, at, after, percent, steady = sys.argv[1:7]
+runs = {}
+for phase, path in (("max", mx), ("at80", at), ("max_after", after)):
+    runs[phase] = json.loads(open(path).read().splitlines()[-1])
+drift = runs["max_after"]["samples_per_s"] / runs["max"]["samples_per_s"] - 1
+for phase, d in runs.items():
+    d.update({"round": int(r), "phase": phase, "percent": float(percent),
+              "max_drift": drift, "steady": abs(drift) * 100 <= float(steady)})
     print(json.dumps(d))
-EOF
-  rm -f "$tmp/max.jsonl" "$tmp/at.jsonl"
-  tail -n 1 "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("[latency80] round %d: %.0f requests/s (%.2f M samples/s), p50 %.1f ms, p99 %.1f ms, SUT %.2f cores, non-2xx %d" % (d["round"], d["rate_rps"], d["samples_per_s"]/1e6, d["lat_p50_ms"], d["lat_p99_ms"], d["sut_cpu_cores"], d["non2xx"] + d["errors"]))'
+PY
+  rm -f "$tmp/max.jsonl" "$tmp/at.jsonl" "$tmp/after.jsonl"
+  tail -n 2 "$OUT" | head -n 1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print("[latency80] round %d: %.0f requests/s (%.2f M samples/s), p50 %.1f ms, p99 %.1f ms, SUT %.2f cores, maxima drift %+.1f %% (%s), non-2xx %d" % (d["round"], d["rate_rps"], d["samples_per_s"]/1e6, d["lat_p50_ms"], d["lat_p99_ms"], d["sut_cpu_cores"], 100 * d["max_drift"], "steady" if d["steady"] else "drifted", d["non2xx"] + d["errors"]))'
 done
-python3 - "$OUT" <<'EOF'
+python3 - "$OUT" "$STEADY_PCT" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("| round | open-loop maximum, samples/s | offered at %d %%, requests/s | accepted samples/s | p50 ms | p99 ms | max ms | SUT cores | non-2xx + errors |" % rows[0]["percent"])
-print("|---|---|---|---|---|---|---|---|---|")
-rounds = sorted({r["round"] for r in rows})
-p99 = []
-for n in rounds:
-    mx = next(r for r in rows if r["round"] == n and r["phase"] == "max")
-    at = next(r for r in rows if r["round"] == n and r["phase"] == "at80")
-    p99.append(at["lat_p99_ms"])
-    print("| %d | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %d |" % (n, mx["samples_per_s"], at["rate_rps"], at["samples_per_s"], at["lat_p50_ms"], at["lat_p99_ms"], at["lat_max_ms"], at["sut_cpu_cores"], at["non2xx"] + at["errors"]))
-print("median p99 at %d %% of the maximum: %.1f ms" % (rows[0]["percent"], statistics.median(p99)))
-EOF
+print("| round | open-loop maximum before / after, samples/s | drift | offered at %d %%, requests/s | accepted samples/s | p50 ms | p99 ms | max ms | SUT cores | non-2xx + errors |" % rows[0]["percent"])
+print("|---|---|---|---|---|---|---|---|---|---|")
+every, steady = [], []
+for n in sorted({r["round"] for r in rows}):
+    phase = {r["phase"]: r for r in rows if r["round"] == n}
+    mx, at = phase["max"], phase["at80"]
+    after = phase.get("max_after")
+    every.append(at["lat_p99_ms"])
+    if after is None:
+        drift = "not measured"
+    else:
+        drift = "%+.1f %%%s" % (100 * at["max_drift"], "" if at["steady"] else " (drifted)")
+        if at["steady"]:
+            steady.append(at["lat_p99_ms"])
+    print("| %d | %.0f / %s | %s | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %d |" % (
+        n, mx["samples_per_s"], "%.0f" % after["samples_per_s"] if after else "-", drift,
+        at["rate_rps"], at["samples_per_s"], at["lat_p50_ms"], at["lat_p99_ms"],
+        at["lat_max_ms"], at["sut_cpu_cores"], at["non2xx"] + at["errors"]))
+pct = rows[0]["percent"]
+print("median p99 at %d %% of the maximum, every round (%d): %.1f ms" % (pct, len(every), statistics.median(every)))
+if steady:
+    print("median p99 at %d %% of the maximum, steady rounds (%d, maxima within %s %%): %.1f ms" % (pct, len(steady), sys.argv[2], statistics.median(steady)))
+else:
+    print("no steady round (maxima within %s %%)" % sys.argv[2])
+PY
 echo "results: $OUT"

@@ -9,6 +9,9 @@
 # e.g. 80 % of a measured maximum of 1.6 M samples/s with 2,000-sample requests:
 #   bench/latency.sh promnorm 640
 # Results: one JSON line per run in bench/results/latency-<UTC time>.jsonl (RUNS, 3).
+# SINK_COUNT (requests): the null sink counts requests only. `samples` makes it decode
+# every body as the throughput runs do; that decoding runs on the load core and delays
+# the load's own sends, which this script would count as the SUT's latency.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUT=$1 RATE=$2 CONNS=${3:-4}
@@ -16,7 +19,8 @@ SUT=$1 RATE=$2 CONNS=${3:-4}
 mkdir -p bench/results
 RESULTS=${RESULTS:-bench/results/latency-$(date -u +%Y-%m-%dT%H%M).jsonl}
 args=(--rate "$RATE" --connections "$CONNS" --duration "${DURATION_S:-20}" --warmup 5
-  --runs "${RUNS:-3}" --results "$RESULTS" --sut-cpu "${SUT_CPU:-1}" --load-cpu "${LOAD_CPU:-0}")
+  --runs "${RUNS:-3}" --results "$RESULTS" --sut-cpu "${SUT_CPU:-1}" --load-cpu "${LOAD_CPU:-0}"
+  --sink-count "${SINK_COUNT:-requests}")
 case $SUT in
   promnorm)
     "$BENCH" run --case "promnorm-latency-${RATE}rps" "${args[@]}" \

@@ -191,7 +191,8 @@ struct RunArgs {
     load: LoadArgs,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum SinkCount {
     Samples,
     Requests,
@@ -929,6 +930,10 @@ struct RunResult {
     vmhwm_mb: f64,
     /// What reached the sink in the window and the drain after it.
     sink: SinkCounts,
+    /// Whether the sink decoded each body (`samples`) or counted requests only: decoding
+    /// costs CPU on the load core, which delays the load's sends. None in older files.
+    #[serde(default)]
+    sink_count: Option<SinkCount>,
     sink_samples_per_s: f64,
     drain_s: f64,
     harness_cpu_cores: f64,
@@ -1279,6 +1284,7 @@ async fn measure(
         vmhwm_mb: 0.0,
         sink_samples_per_s: sink_delta.samples as f64 / dt,
         sink: sink_delta,
+        sink_count: Some(args.sink_count),
         drain_s,
         harness_cpu_cores: harness / dt,
         other_cpu_cores: ((busy_after - busy_before) - sut_cpu_s - harness) / dt,
