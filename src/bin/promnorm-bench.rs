@@ -540,6 +540,8 @@ struct LoadOutcome {
     /// The longest latency (µs) of the requests scheduled in each second of the phase:
     /// whether a tail is one stall or spread over the run.
     max_by_second_us: Vec<u32>,
+    /// Successful requests by the second they were scheduled in.
+    ok_by_second: Vec<u32>,
     elapsed_s: f64,
 }
 
@@ -550,6 +552,10 @@ impl LoadOutcome {
             self.max_by_second_us.resize(second + 1, 0);
         }
         self.max_by_second_us[second] = self.max_by_second_us[second].max(us);
+        if self.ok_by_second.len() <= second {
+            self.ok_by_second.resize(second + 1, 0);
+        }
+        self.ok_by_second[second] += 1;
     }
 
     fn absorb(&mut self, o: LoadOutcome) {
@@ -562,6 +568,12 @@ impl LoadOutcome {
         }
         for (m, v) in self.max_by_second_us.iter_mut().zip(o.max_by_second_us) {
             *m = (*m).max(v);
+        }
+        if self.ok_by_second.len() < o.ok_by_second.len() {
+            self.ok_by_second.resize(o.ok_by_second.len(), 0);
+        }
+        for (n, v) in self.ok_by_second.iter_mut().zip(o.ok_by_second) {
+            *n += v;
         }
     }
 }
@@ -581,6 +593,9 @@ struct LoadSummary {
     /// The longest latency of the requests scheduled in each second, ms.
     #[serde(default)]
     lat_max_ms_by_second: Vec<f64>,
+    /// Requests answered 2xx, by the second they were scheduled in.
+    #[serde(default)]
+    ok_by_second: Vec<u32>,
 }
 
 impl LoadOutcome {
@@ -611,6 +626,7 @@ impl LoadOutcome {
                 .iter()
                 .map(|&us| f64::from(us / 100) / 10.0)
                 .collect(),
+            ok_by_second: self.ok_by_second,
         }
     }
 }
@@ -925,6 +941,10 @@ struct RunResult {
     sut_samples_sent: Option<f64>,
     sut_cpu_s: f64,
     sut_cpu_cores: f64,
+    /// The SUT's CPU in each second of the window (cores): with `ok_by_second`, a second
+    /// whose CPU per request rose is one where the machine ran the SUT slower.
+    #[serde(default)]
+    sut_cpu_cores_by_second: Vec<f64>,
     cpu_s_per_m: Option<f64>,
     rss_peak_mb: f64,
     vmhwm_mb: f64,
@@ -1234,6 +1254,23 @@ async fn measure(
             peak
         })
     };
+    // The SUT's CPU second by second (clock ticks: 1 % resolution).
+    let cpu_by_second = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut last = cpu_seconds(pid);
+            let mut at = t0;
+            while !stop.load(Ordering::Relaxed) {
+                at += Duration::from_secs(1);
+                tokio::time::sleep_until(at.into()).await;
+                let now = cpu_seconds(pid);
+                out.push(now - last);
+                last = now;
+            }
+            out
+        })
+    };
     let out = load_phase(&url, &args.load, bodies, args.load.duration).await?;
     let dt = t0.elapsed().as_secs_f64();
     let (cpu_after, busy_after, self_after) = (
@@ -1244,6 +1281,9 @@ async fn measure(
     let mid = scrape(sut.port, &specs).await;
     stop.store(true, Ordering::Relaxed);
     let rss_peak_kb = rss.await?;
+    let mut sut_cpu_cores_by_second = cpu_by_second.await?;
+    // Only whole seconds of the window.
+    sut_cpu_cores_by_second.truncate(dt as usize);
 
     let drain_s = sink_settle(sink, args.drain_timeout).await;
     let after = scrape(sut.port, &specs).await;
@@ -1279,6 +1319,7 @@ async fn measure(
         },
         sut_cpu_s,
         sut_cpu_cores: sut_cpu_s / dt,
+        sut_cpu_cores_by_second,
         cpu_s_per_m: (sut_in > 0.0).then(|| sut_cpu_s / (sut_in / 1e6)),
         rss_peak_mb: rss_peak_kb / 1024.0,
         vmhwm_mb: 0.0,

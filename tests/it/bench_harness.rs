@@ -67,6 +67,20 @@ fn harness_loads_promnorm_and_the_sink_counts_every_sample() {
         assert!(num(&r, &["lat_p99_ms"]) > 0.0, "{r}");
         assert!(num(&r, &["sut_cpu_s"]) > 0.0, "{r}");
         assert_eq!(r["proto"], if proto == "1" { "1.0" } else { "2.0" }, "{r}");
+        assert_eq!(r["sink_count"], "samples", "{r}");
+        // Per second: requests answered by the second they were sent in (every one
+        // counted), and the SUT's CPU for each whole second of the window.
+        let by_second = r["ok_by_second"].as_array().expect("ok_by_second");
+        let counted: f64 = by_second.iter().filter_map(|v| v.as_f64()).sum();
+        assert_eq!(counted, ok, "{r}");
+        let cpu = r["sut_cpu_cores_by_second"]
+            .as_array()
+            .expect("sut_cpu_cores_by_second");
+        assert_eq!(cpu.len(), seconds.parse::<usize>().unwrap(), "{r}");
+        assert!(
+            cpu.iter().all(|c| c.as_f64().is_some_and(|c| c >= 0.0)),
+            "{r}"
+        );
     }
     let out = Command::new(env!("CARGO_BIN_EXE_promnorm-bench"))
         .arg("report")
