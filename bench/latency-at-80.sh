@@ -41,14 +41,17 @@ r, mx, at, after, percent, steady = sys.argv[1:7]
 runs = {}
 for phase, path in (("max", mx), ("at80", at), ("max_after", after)):
     runs[phase] = json.loads(open(path).read().splitlines()[-1])
-drift = runs["max_after"]["samples_per_s"] / runs["max"]["samples_per_s"] - 1
+before = runs["max"]["samples_per_s"]
+# A first maximum of nothing (the SUT accepted no request) has no drift: not steady.
+drift = runs["max_after"]["samples_per_s"] / before - 1 if before > 0 else None
 for phase, d in runs.items():
     d.update({"round": int(r), "phase": phase, "percent": float(percent),
-              "max_drift": drift, "steady": abs(drift) * 100 <= float(steady)})
+              "max_drift": drift,
+              "steady": drift is not None and abs(drift) * 100 <= float(steady)})
     print(json.dumps(d))
 PY
   rm -f "$tmp/max.jsonl" "$tmp/at.jsonl" "$tmp/after.jsonl"
-  tail -n 2 "$OUT" | head -n 1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print("[latency80] round %d: %.0f requests/s (%.2f M samples/s), p50 %.1f ms, p99 %.1f ms, SUT %.2f cores, maxima drift %+.1f %% (%s), non-2xx %d" % (d["round"], d["rate_rps"], d["samples_per_s"]/1e6, d["lat_p50_ms"], d["lat_p99_ms"], d["sut_cpu_cores"], 100 * d["max_drift"], "steady" if d["steady"] else "drifted", d["non2xx"] + d["errors"]))'
+  tail -n 2 "$OUT" | head -n 1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print("[latency80] round %d: %.0f requests/s (%.2f M samples/s), p50 %.1f ms, p99 %.1f ms, SUT %.2f cores, maxima drift %s (%s), non-2xx %d" % (d["round"], d["rate_rps"], d["samples_per_s"]/1e6, d["lat_p50_ms"], d["lat_p99_ms"], d["sut_cpu_cores"], "n/a" if d["max_drift"] is None else "%+.1f %%" % (100 * d["max_drift"]), "steady" if d["steady"] else "drifted", d["non2xx"] + d["errors"]))'
 done
 python3 - "$OUT" "$STEADY_PCT" <<'PY'
 import json, statistics, sys
@@ -61,7 +64,7 @@ for n in sorted({r["round"] for r in rows}):
     mx, at = phase["max"], phase["at80"]
     after = phase.get("max_after")
     every.append(at["lat_p99_ms"])
-    if after is None:
+    if after is None or at.get("max_drift") is None:
         drift = "not measured"
     else:
         drift = "%+.1f %%%s" % (100 * at["max_drift"], "" if at["steady"] else " (drifted)")

@@ -1254,19 +1254,29 @@ async fn measure(
             peak
         })
     };
-    // The SUT's CPU second by second (clock ticks: 1 % resolution).
+    // The SUT's CPU second by second (clock ticks: 1 % resolution), each second's CPU
+    // divided by the time that actually passed (a late wake-up on the busy load core
+    // would otherwise put part of one second into the next). Woken at once when the
+    // window ends, so that the drain below is measured from then.
+    let window_over = Arc::new(tokio::sync::Notify::new());
     let cpu_by_second = {
-        let stop = stop.clone();
+        let window_over = window_over.clone();
         tokio::spawn(async move {
             let mut out = Vec::new();
-            let mut last = cpu_seconds(pid);
+            let (mut last, mut last_at) = (cpu_before, t0);
             let mut at = t0;
-            while !stop.load(Ordering::Relaxed) {
+            loop {
                 at += Duration::from_secs(1);
-                tokio::time::sleep_until(at.into()).await;
-                let now = cpu_seconds(pid);
-                out.push(now - last);
-                last = now;
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = window_over.notified() => break,
+                }
+                let (now, now_at) = (cpu_seconds(pid), Instant::now());
+                let elapsed = now_at.duration_since(last_at).as_secs_f64();
+                // A SUT that exited reads as 0 CPU: no negative seconds.
+                out.push((now - last).max(0.0) / elapsed.max(1e-3));
+                (last, last_at) = (now, now_at);
             }
             out
         })
@@ -1280,6 +1290,7 @@ async fn measure(
     );
     let mid = scrape(sut.port, &specs).await;
     stop.store(true, Ordering::Relaxed);
+    window_over.notify_one();
     let rss_peak_kb = rss.await?;
     let mut sut_cpu_cores_by_second = cpu_by_second.await?;
     // Only whole seconds of the window.
@@ -1393,7 +1404,7 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
         let lo = sps.iter().cloned().fold(f64::INFINITY, f64::min);
         let hi = sps.iter().cloned().fold(0.0, f64::max);
         println!(
-            "| {} | {} | {} | {:.0} | {:.0}k–{:.0}k | {:.3} | {:.2} | {:.0} | {:.2} / {:.2} | {:.3} | {} | {:.2} |",
+            "| {} | {} | {} | {:.0} | {:.0}k–{:.0}k | {:.3} | {:.2} | {:.0} | {:.2} / {:.2} | {} | {} | {:.2} |",
             key.0,
             key.1,
             rs.len(),
@@ -1405,7 +1416,15 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
             med(&|r| r.rss_peak_mb),
             med(&|r| r.load.lat_p50_ms),
             med(&|r| r.load.lat_p99_ms),
-            med(&|r| r.sink.samples as f64 / r.sut_samples_in.max(1.0)),
+            // A sink that counted requests only has no samples to compare.
+            if rs.iter().any(|r| r.sink_count == Some(SinkCount::Requests)) {
+                "-".to_string()
+            } else {
+                format!(
+                    "{:.3}",
+                    med(&|r| r.sink.samples as f64 / r.sut_samples_in.max(1.0))
+                )
+            },
             rs.iter()
                 .map(|r| r.load.non2xx + r.load.errors)
                 .sum::<u64>(),

@@ -76,7 +76,9 @@ fn harness_loads_promnorm_and_the_sink_counts_every_sample() {
         let cpu = r["sut_cpu_cores_by_second"]
             .as_array()
             .expect("sut_cpu_cores_by_second");
-        assert_eq!(cpu.len(), seconds.parse::<usize>().unwrap(), "{r}");
+        // One entry per whole second of the window, which lasts at least the duration
+        // (longer when a request in flight at its end is slow to come back).
+        assert!(cpu.len() >= seconds.parse::<usize>().unwrap(), "{r}");
         assert!(
             cpu.iter().all(|c| c.as_f64().is_some_and(|c| c >= 0.0)),
             "{r}"
