@@ -537,25 +537,28 @@ struct LoadOutcome {
     errors: u64,
     /// Microseconds per successful request (open loop: from its scheduled time).
     latencies_us: Vec<u32>,
-    /// The longest latency (µs) of the requests scheduled in each second of the phase:
-    /// whether a tail is one stall or spread over the run.
-    max_by_second_us: Vec<u32>,
-    /// Successful requests by the second they were scheduled in.
-    ok_by_second: Vec<u32>,
+    /// The requests scheduled in each second of the phase: their longest latency (µs),
+    /// whether a tail is one stall or spread over the run, and how many succeeded.
+    by_second: Vec<Second>,
     elapsed_s: f64,
+}
+
+/// One second of a load phase (see `LoadOutcome::by_second`).
+#[derive(Clone, Copy, Default)]
+struct Second {
+    max_us: u32,
+    ok: u32,
 }
 
 impl LoadOutcome {
     fn note_latency(&mut self, second: usize, us: u32) {
         self.latencies_us.push(us);
-        if self.max_by_second_us.len() <= second {
-            self.max_by_second_us.resize(second + 1, 0);
+        if self.by_second.len() <= second {
+            self.by_second.resize(second + 1, Second::default());
         }
-        self.max_by_second_us[second] = self.max_by_second_us[second].max(us);
-        if self.ok_by_second.len() <= second {
-            self.ok_by_second.resize(second + 1, 0);
-        }
-        self.ok_by_second[second] += 1;
+        let s = &mut self.by_second[second];
+        s.max_us = s.max_us.max(us);
+        s.ok += 1;
     }
 
     fn absorb(&mut self, o: LoadOutcome) {
@@ -563,17 +566,12 @@ impl LoadOutcome {
         self.non2xx += o.non2xx;
         self.errors += o.errors;
         self.latencies_us.extend(o.latencies_us);
-        if self.max_by_second_us.len() < o.max_by_second_us.len() {
-            self.max_by_second_us.resize(o.max_by_second_us.len(), 0);
+        if self.by_second.len() < o.by_second.len() {
+            self.by_second.resize(o.by_second.len(), Second::default());
         }
-        for (m, v) in self.max_by_second_us.iter_mut().zip(o.max_by_second_us) {
-            *m = (*m).max(v);
-        }
-        if self.ok_by_second.len() < o.ok_by_second.len() {
-            self.ok_by_second.resize(o.ok_by_second.len(), 0);
-        }
-        for (n, v) in self.ok_by_second.iter_mut().zip(o.ok_by_second) {
-            *n += v;
+        for (s, v) in self.by_second.iter_mut().zip(o.by_second) {
+            s.max_us = s.max_us.max(v.max_us);
+            s.ok += v.ok;
         }
     }
 }
@@ -622,11 +620,11 @@ impl LoadOutcome {
             lat_p99_ms: q(0.99),
             lat_max_ms: q(1.0),
             lat_max_ms_by_second: self
-                .max_by_second_us
+                .by_second
                 .iter()
-                .map(|&us| f64::from(us / 100) / 10.0)
+                .map(|s| f64::from(s.max_us / 100) / 10.0)
                 .collect(),
-            ok_by_second: self.ok_by_second,
+            ok_by_second: self.by_second.iter().map(|s| s.ok).collect(),
         }
     }
 }
