@@ -176,13 +176,13 @@ pub struct TenantSplit {
     targets: Vec<u32>,
     /// Metadata copies left out of the last split by [`METADATA_COPY_FLOOR`]'s bound.
     metadata_skipped: u64,
-    /// (hash of a series' name, its tenant body, the name's bounds): what this request
-    /// teaches the [`FamilyTenants`] memory.
+    /// (hash of a series' name, its tenant body, the name's bounds): the families metadata
+    /// goes to, and what this request teaches the [`FamilyTenants`] memory.
     seen: Vec<(u64, u32, u32, u32)>,
-    /// (name hash, tenant body) last pushed onto `seen` per slot (`RECENT_SLOTS`, by the
-    /// hash's low bits): a request repeats its few hundred names (every histogram's
-    /// `_bucket`, `_sum`, `_count` per label set), pushed and sorted once each then.
-    recent: Vec<(u64, u32)>,
+    /// (name's bounds, tenant body) last pushed onto `seen` per slot (`RECENT_SLOTS`, by
+    /// [`name_fingerprint`]): a request repeats its few hundred names (every histogram's
+    /// `_bucket`, `_sum`, `_count` per label set), hashed, pushed and sorted once each then.
+    recent: Vec<(u32, u32, u32)>,
     /// A family name plus a suffix, to look up in the memory.
     name_buf: Vec<u8>,
     /// Tenants the memory gave for one metadata entry.
@@ -323,29 +323,25 @@ impl TenantSplit {
         self.metadata_skipped = 0;
         self.seen.clear();
         self.recent.clear();
-        self.recent.resize(RECENT_SLOTS, (0, u32::MAX));
+        self.recent.resize(RECENT_SLOTS, (0, 0, u32::MAX));
         self.metadata_dropped = 0;
-        // Families are recorded only when there is metadata to place.
+        // Metadata entries are placed after the series (any order in the body), from the
+        // names the series loop saw.
         let mut has_metadata = false;
         let mut r = Reader::new(v1, 0, v1.len());
-        while !r.is_done() {
-            // Series (key 0x0a) stepped over without the field dispatch.
-            if r.eat(0x0a) {
-                r.len_delimited()?;
-                continue;
-            }
-            let (field, wire) = r.key()?;
-            r.skip(wire)?;
-            has_metadata |= field == 3;
-        }
-        let mut r = Reader::new(v1, 0, v1.len());
-        // The previous series' (name, tenant body): repeats are not hashed again.
+        // The previous series' (name, tenant body): repeats are not looked at again.
         let mut previous: Option<(Bounds, usize)> = None;
         let mut last_tenant: Option<(Option<&[u8]>, usize)> = None;
+        // Consecutive series of one tenant body that go as they are, still to copy: (body,
+        // start, end) of their fields in `v1`, copied in one piece.
+        let mut run: Option<(usize, usize, usize)> = None;
         while !r.is_done() {
-            if !r.eat(0x0a) {
+            let from = r.pos();
+            let one_byte_key = r.eat(0x0a);
+            if !one_byte_key {
                 let (field, wire) = r.key()?;
                 if field != 1 || wire != WIRE_LEN {
+                    has_metadata |= field == 3;
                     r.skip(wire)?;
                     continue;
                 }
@@ -408,41 +404,54 @@ impl TenantSplit {
                 b == i && short_eq(&v1[n.0..n.1], &v1[metric_name.0..metric_name.1])
             });
             previous = Some((metric_name, i));
-            if has_metadata && !repeat {
-                self.note_families(v1, metric_name, i as u32);
-            }
-            if orphans.is_some() && metric_name.1 > metric_name.0 && !repeat {
-                let h = self.hasher.hash_one(&v1[metric_name.0..metric_name.1]);
-                // Skip the names just pushed (a slot may forget one: then it is pushed
-                // again, and deduplicated by the sort below).
-                let slot = &mut self.recent[h as usize & (RECENT_SLOTS - 1)];
-                if *slot != (h, i as u32) {
-                    *slot = (h, i as u32);
-                    self.seen
-                        .push((h, i as u32, metric_name.0 as u32, metric_name.1 as u32));
-                }
+            if metric_name.1 > metric_name.0 && !repeat {
+                self.note_seen(v1, metric_name, i as u32);
             }
             let body = &mut self.bodies[i];
             body.series += 1;
             body.samples += samples;
+            let as_it_is = one_byte_key && (opts.keep_label || label_at.is_none());
+            match run {
+                Some((b, _, end)) if as_it_is && b == i && end == from => {
+                    run = run.map(|(b, start, _)| (b, start, e));
+                    continue;
+                }
+                Some((b, start, end)) => {
+                    self.bodies[b].body.extend_from_slice(&v1[start..end]);
+                    run = None;
+                }
+                None => {}
+            }
+            if as_it_is {
+                run = Some((i, from, e));
+                continue;
+            }
+            let body = &mut self.bodies[i].body;
             match label_at {
                 Some((a, b)) if !opts.keep_label => {
                     self.series_buf.clear();
                     self.series_buf.extend_from_slice(&v1[s..a]);
                     self.series_buf.extend_from_slice(&v1[b..e]);
-                    put_bytes_field(&mut body.body, 1, &self.series_buf);
+                    put_bytes_field(body, 1, &self.series_buf);
                 }
-                _ => put_bytes_field(&mut body.body, 1, &v1[s..e]),
+                _ => put_bytes_field(body, 1, &v1[s..e]),
             }
         }
+        if let Some((b, start, end)) = run {
+            self.bodies[b].body.extend_from_slice(&v1[start..end]);
+        }
+        self.seen.sort_unstable_by_key(|s| (s.0, s.1));
+        self.seen.dedup_by_key(|s| (s.0, s.1));
         if has_metadata {
+            for k in 0..self.seen.len() {
+                let (_, body, start, end) = self.seen[k];
+                self.note_families(v1, (start as usize, end as usize), body);
+            }
             self.place_metadata(v1, opts, orphans)?;
         }
         if let Some(o) = orphans
             && !self.seen.is_empty()
         {
-            self.seen.sort_unstable_by_key(|s| (s.0, s.1));
-            self.seen.dedup_by_key(|s| (s.0, s.1));
             let mut memory = o
                 .memory
                 .lock()
@@ -455,6 +464,21 @@ impl TenantSplit {
             }
         }
         Ok(&self.bodies[..self.used])
+    }
+
+    /// Records that a series named `v1[name]` went to tenant body `body`: pushed onto
+    /// `seen` unless its slot of `recent` (picked by a cheap fingerprint of the name, not
+    /// a hash) holds that very name and body already; only a pushed name is hashed.
+    #[inline]
+    fn note_seen(&mut self, v1: &[u8], name: Bounds, body: u32) {
+        let bytes = &v1[name.0..name.1];
+        let slot = &mut self.recent[name_fingerprint(bytes) as usize & (RECENT_SLOTS - 1)];
+        if slot.2 == body && short_eq(&v1[slot.0 as usize..slot.1 as usize], bytes) {
+            return;
+        }
+        *slot = (name.0 as u32, name.1 as u32, body);
+        let h = self.hasher.hash_one(bytes);
+        self.seen.push((h, body, name.0 as u32, name.1 as u32));
     }
 
     /// Records the families series `name` of tenant body `tenant` may belong to.
@@ -613,6 +637,23 @@ fn metadata_family(buf: &[u8], start: usize, end: usize) -> Result<Bounds, Decod
     Ok(family)
 }
 
+/// A cheap fingerprint of a metric name (its length and last eight bytes, mixed): names
+/// of one request differ in their suffix or length nearly always; a collision costs only
+/// a push onto `TenantSplit::seen`, deduplicated later.
+#[inline]
+fn name_fingerprint(name: &[u8]) -> u32 {
+    let n = name.len();
+    let tail = match name.get(n.saturating_sub(8)..) {
+        Some(t) if t.len() == 8 => {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(t);
+            u64::from_le_bytes(w)
+        }
+        _ => name.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)),
+    };
+    ((tail ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u32
+}
+
 /// What the split needs of one series.
 struct SeriesFields {
     /// The tenant label's value.
@@ -628,7 +669,7 @@ struct SeriesFields {
 /// (every label `0x0a LEN 0x0a NL name 0x12 VL value`, then samples, exemplars and
 /// histograms, every length one byte), read by byte position with no field dispatch;
 /// `None` for anything else (the general walk takes the series, with its errors).
-#[inline]
+#[inline(never)]
 fn series_fields_fast(
     buf: &[u8],
     start: usize,
@@ -642,19 +683,35 @@ fn series_fields_fast(
         metric_name: (start, start),
         samples: 0,
     };
-    let mut p = 0usize;
-    while msg.get(p) == Some(&0x0a) {
-        let label = super::decode::short_label_at(msg, p)?;
-        let name = &msg[label.name.clone()];
-        let value = (start + label.value.start, start + label.value.end);
-        if short_eq(name, tenant_label) {
-            out.tenant = Some(value);
-            out.label_at = Some((start + p, start + label.value.end));
-        } else if is_metric_name(name) {
-            out.metric_name = value;
+    // The labels, each `0x0a LEN 0x0a NL name 0x12 VL value` with the value filling the
+    // rest exactly; `rest` is what follows the labels read so far.
+    let mut rest = msg;
+    while rest.first() == Some(&0x0a) {
+        let head = *rest.first_chunk::<4>()?;
+        if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
+            return None;
         }
-        p = label.value.end;
+        let (len, name_len) = (head[1] as usize, head[3] as usize);
+        let (field, after) = rest.split_at_checked(2 + len)?;
+        let (name, value_field) = field.get(4..)?.split_at_checked(name_len)?;
+        let (&[0x12, value_len], value) = value_field.split_first_chunk::<2>()? else {
+            return None;
+        };
+        if value.len() != usize::from(value_len) {
+            return None;
+        }
+        if name.len() == tenant_label.len() && short_eq(name, tenant_label) {
+            let at = start + (msg.len() - rest.len());
+            let value_at = at + 6 + name_len;
+            out.tenant = Some((value_at, value_at + value.len()));
+            out.label_at = Some((at, at + 2 + len));
+        } else if is_metric_name(name) {
+            let value_at = start + (msg.len() - rest.len()) + 6 + name_len;
+            out.metric_name = (value_at, value_at + value.len());
+        }
+        rest = after;
     }
+    let mut p = msg.len() - rest.len();
     while p < msg.len() {
         let head = msg.get(p..p + 2)?;
         let len = head[1] as usize;
@@ -694,6 +751,95 @@ mod tests {
     use crate::wire::encode::{SeriesWriter, write_metadata};
     use crate::wire::proto::prometheus as pb;
     use prost::Message;
+
+    /// A series' tenant and its labels (name, value), as a test expects them.
+    type TenantSeries = (Option<String>, Vec<(String, String)>);
+
+    proptest::proptest! {
+        /// Series built by small edits of the one before, in the shapes the fast walk reads
+        /// and the ones it leaves to the general walk, reach the tenant the labels name,
+        /// protobuf's way (the last `tenant` label wins, a value before its name counts),
+        /// with that label dropped, in request order.
+        #[test]
+        fn series_in_every_shape_split_as_decoded(
+            ops in proptest::collection::vec((0u8..7, 0usize..8, 0usize..6, 0usize..5), 1..48),
+            keep_label in proptest::bool::ANY,
+        ) {
+            const NAMES: [&str; 5] = ["__name__", "tenant", "a", "le", "pod"];
+            let long = "v".repeat(150);
+            let values = ["x", "y", "up", "", long.as_str(), "zz"];
+            // (name, value, value written first)
+            let mut labels: Vec<(usize, usize, bool)> = vec![(0, 2, false), (1, 0, false)];
+            let mut body = Vec::new();
+            let mut expected: Vec<TenantSeries> = Vec::new();
+            let mut sample = vec![0x09];
+            sample.extend_from_slice(&1f64.to_bits().to_le_bytes());
+            sample.extend_from_slice(&[0x10, 0x01]);
+            for (op, at, value, name) in ops {
+                let at = if labels.is_empty() { 0 } else { at % labels.len() };
+                match op {
+                    0 | 1 if !labels.is_empty() => labels[at].1 = value,
+                    2 => labels.insert(at, (name, value, false)),
+                    3 if !labels.is_empty() => {
+                        labels.remove(at);
+                    }
+                    4 if !labels.is_empty() => labels[at].2 = !labels[at].2,
+                    _ => {}
+                }
+                let mut series = Vec::new();
+                for &(n, v, value_first) in &labels {
+                    let mut l = Vec::new();
+                    let fields = [(1, NAMES[n]), (2, values[v])];
+                    let order = if value_first { [1, 0] } else { [0, 1] };
+                    for i in order {
+                        crate::wire::pb::put_bytes_field(&mut l, fields[i].0, fields[i].1.as_bytes());
+                    }
+                    crate::wire::pb::put_bytes_field(&mut series, 1, &l);
+                }
+                crate::wire::pb::put_bytes_field(&mut series, 2, &sample);
+                crate::wire::pb::put_bytes_field(&mut body, 1, &series);
+                let last_tenant = labels.iter().rposition(|l| l.0 == 1);
+                let tenant = last_tenant
+                    .map(|i| values[labels[i].1])
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
+                    .or_else(|| keep_label.then(|| "anon".to_string()));
+                let kept: Vec<(String, String)> = labels
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| keep_label || Some(*i) != last_tenant)
+                    .map(|(_, l)| (NAMES[l.0].to_string(), values[l.1].to_string()))
+                    .collect();
+                expected.push((tenant, kept));
+            }
+            let default: Option<&'static [u8]> = if keep_label { Some(b"anon") } else { None };
+            let mut split = TenantSplit::new();
+            for round in 0..2 {
+                let bodies = split.split(&body, &opts(default, keep_label, 100)).unwrap();
+                let mut got: Vec<TenantSeries> = Vec::new();
+                let mut order: Vec<Option<String>> = Vec::new();
+                for (t, _) in &expected {
+                    if !order.contains(t) {
+                        order.push(t.clone());
+                    }
+                }
+                proptest::prop_assert_eq!(bodies.len(), order.len(), "round {}", round);
+                for b in bodies {
+                    let (t, req) = decoded(b);
+                    proptest::prop_assert_eq!(b.samples, req.timeseries.len() as u64);
+                    for ts in req.timeseries {
+                        let l = ts.labels.into_iter().map(|l| (l.name, l.value)).collect();
+                        got.push((t.clone(), l));
+                    }
+                }
+                let mut want = Vec::new();
+                for t in &order {
+                    want.extend(expected.iter().filter(|(u, _)| u == t).cloned());
+                }
+                proptest::prop_assert_eq!(got, want, "round {}", round);
+            }
+        }
+    }
 
     fn request(tenants: &[Option<&str>]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -884,6 +1030,26 @@ mod tests {
                 "round {round}"
             );
         }
+        // Metadata in front of the series it describes goes to the same tenants.
+        let mut first = Vec::new();
+        write_metadata(&mut first, 1, b"a", b"A.", b"");
+        write_metadata(&mut first, 4, b"b", b"B.", b"");
+        write_metadata(&mut first, 2, b"elsewhere", b"E.", b"");
+        let metadata_len = first.len();
+        first.extend_from_slice(&out[..out.len() - metadata_len]);
+        let bodies = split
+            .split(&first, &opts(Some(b"anon"), false, 10))
+            .unwrap();
+        assert_eq!(
+            families_by_tenant(bodies),
+            [
+                (Some("x".into()), vec!["a".to_string()]),
+                (Some("y".into()), vec!["b".to_string()]),
+                (Some("z".into()), vec!["a".to_string()]),
+                (Some("anon".into()), vec!["elsewhere".to_string()]),
+            ],
+            "metadata first"
+        );
         // Metadata alone (as Prometheus 1.0 sends it): to the body without a tenant.
         let mut only = Vec::new();
         write_metadata(&mut only, 1, b"a", b"A.", b"");
