@@ -77,6 +77,9 @@ struct RequestMetadata {
 /// `[start, end)` of a buffer.
 type ByteRange = (u32, u32);
 
+/// Labels a series may have for [`V2Encoder::encode_series_fast`].
+const FAST_LABELS: usize = 32;
+
 #[inline]
 fn slice(buf: &[u8], r: ByteRange) -> &[u8] {
     &buf[r.0 as usize..r.1 as usize]
@@ -111,6 +114,8 @@ pub struct V2Encoder {
     /// one target): a label equal byte for byte at the same position reuses its symbols
     /// without hashing. Overwritten in place, label by label, by the current series.
     labels_seen: Vec<LabelSeen>,
+    /// The current series' packed references in [`V2Encoder::encode_series_fast`].
+    fast_refs: Vec<u8>,
 }
 
 /// A label of the previous series (see `V2Encoder::labels_seen`).
@@ -276,13 +281,21 @@ impl V2Encoder {
         let mut written = V2Written::default();
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
-            let (field, wire) = r.key()?;
-            if field == 1 && wire == WIRE_LEN {
+            let series = r.eat(0x0a) || {
+                let (field, wire) = r.key()?;
+                if field == 1 && wire == WIRE_LEN {
+                    true
+                } else {
+                    r.skip(wire)?;
+                    false
+                }
+            };
+            if series {
                 let (s, e) = r.len_delimited()?;
-                self.encode_series(v1, s, e, memory)?;
+                if self.encode_series_fast(v1, s, e, memory).is_none() {
+                    self.encode_series(v1, s, e, memory)?;
+                }
                 written.series += 1;
-            } else {
-                r.skip(wire)?;
             }
         }
         for i in 0..self.sym_ends.len() {
@@ -484,6 +497,134 @@ impl V2Encoder {
         self.ref_bytes.extend_from_slice(&seen.refs_packed);
         self.ref_bytes.truncate(at + usize::from(seen.refs_len));
         Ok(seen.is_name.then_some(seen.value))
+    }
+
+    /// The usual series, the mapper's shape, encoded in one pass over its bytes: at most
+    /// [`FAST_LABELS`] labels in the short shape (`0x0a LEN 0x0a NL name 0x12 VL value`,
+    /// lengths under 128), then samples only (`0x12 LEN`). A label equal byte for byte to
+    /// the previous series' at its position takes its references as they are. `None`:
+    /// anything else, with nothing written (the general [`V2Encoder::encode_series`]
+    /// takes the series; what this one learnt stays valid for it).
+    fn encode_series_fast(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        memory: Option<&MetadataMemory>,
+    ) -> Option<()> {
+        // References packed here, each label's ten bytes copied whole then the length
+        // moved on by its own: a fixed-size copy (the array is the encoder's, not zeroed
+        // per series).
+        let mut refs = std::mem::take(&mut self.fast_refs);
+        refs.resize(FAST_LABELS * 10 + 10, 0);
+        let written = self.fast_labels(buf, start, end, memory, &mut refs);
+        self.fast_refs = refs;
+        written
+    }
+
+    #[inline(always)]
+    fn fast_labels(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        end: usize,
+        memory: Option<&MetadataMemory>,
+        refs: &mut [u8],
+    ) -> Option<()> {
+        let msg = buf.get(start..end)?;
+        let mut refs_len = 0usize;
+        let mut name: ByteRange = (0, 0);
+        let mut name_ref: Option<u32> = None;
+        let mut rest = msg;
+        let mut k = 0usize;
+        // Where `rest` starts in `buf`.
+        let mut pos = start;
+        while rest.first() == Some(&0x0a) {
+            let head = *rest.first_chunk::<4>()?;
+            if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
+                return None;
+            }
+            let (len, name_len) = (head[1] as usize, head[3] as usize);
+            let (field, after) = rest.split_at_checked(2 + len)?;
+            let label = &field[2..];
+            let at = pos + 2;
+            let span = (at as u32, (at + len) as u32);
+            let same = match self.labels_seen.get_mut(k) {
+                Some(before) if short_eq(slice(buf, before.span), label) => {
+                    before.span = span;
+                    true
+                }
+                _ => false,
+            };
+            if !same {
+                let (n, value_field) = label.get(2..)?.split_at_checked(name_len)?;
+                let (&[0x12, value_len], v) = value_field.split_first_chunk::<2>()? else {
+                    return None;
+                };
+                if v.len() != usize::from(value_len) {
+                    return None;
+                }
+                let name_at = (at + 2) as u32;
+                let value_at = name_at + name_len as u32 + 2;
+                let n_range = (name_at, name_at + name_len as u32);
+                let v_range = (value_at, value_at + u32::from(value_len));
+                let n_ref = match self.labels_seen.get(k) {
+                    Some(before) if short_eq(slice(buf, before.name), n) => before.name_ref,
+                    _ => self.symbol(n),
+                };
+                let v_ref = self.symbol(v);
+                let seen = LabelSeen::new(
+                    span,
+                    (n_range, n_ref),
+                    (v_range, v_ref),
+                    super::decode::is_metric_name(n),
+                );
+                match self.labels_seen.get_mut(k) {
+                    Some(slot) => *slot = seen,
+                    None => self.labels_seen.push(seen),
+                }
+            }
+            let seen = self.labels_seen.get(k)?;
+            refs.get_mut(refs_len..refs_len + 10)?
+                .copy_from_slice(&seen.refs_packed);
+            refs_len += usize::from(seen.refs_len);
+            if seen.is_name {
+                name = seen.value;
+                name_ref = Some(seen.value_ref);
+            }
+            rest = after;
+            pos = at + len;
+            k += 1;
+        }
+        let samples_at = pos;
+        let mut tail = rest;
+        while let Some((&0x12, after_key)) = tail.split_first() {
+            let (&len, after_len) = after_key.split_first()?;
+            if len >= 0x80 {
+                return None;
+            }
+            tail = after_len.get(usize::from(len)..)?;
+        }
+        if !tail.is_empty() {
+            return None;
+        }
+        self.labels_seen.truncate(k);
+        let metadata = self.series_metadata(buf, name, name_ref, memory);
+        let mut md = [0u8; 32];
+        let md_len = put_series_metadata(&mut md, metadata);
+        let refs_field = if refs_len == 0 {
+            0
+        } else {
+            1 + varint_len(refs_len as u64) + refs_len
+        };
+        let len = refs_field + (end - samples_at) + md_len;
+        let out = &mut self.series_out;
+        put_key(out, V2_TIMESERIES, WIRE_LEN);
+        put_varint(out, len as u64);
+        put_ref_bytes(out, &refs[..refs_len]);
+        out.extend_from_slice(&buf[samples_at..end]);
+        out.extend_from_slice(&md[..md_len]);
+        Some(())
     }
 
     fn encode_series(
