@@ -914,6 +914,27 @@ pub fn name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.len().cmp(&b.len())
 }
 
+/// How many leading bytes `a` and `b` share, eight at a time.
+#[inline]
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let (Some(x), Some(y)) = (a[i..].first_chunk::<8>(), b[i..].first_chunk::<8>()) else {
+            break;
+        };
+        let diff = u64::from_le_bytes(*x) ^ u64::from_le_bytes(*y);
+        if diff != 0 {
+            return i + (diff.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
 /// `a == b` for label names, values and whole labels: short, so compared a word at a
 /// time inline, where `==` calls `memcmp`. The tail is one more word overlapping the
 /// last one compared (and a short slice two overlapping halves), not a byte loop.

@@ -19,7 +19,7 @@ use std::hash::{BuildHasher, Hasher};
 use ahash::AHashMap;
 
 use super::DecodeError;
-use super::decode::short_eq;
+use super::decode::{common_prefix, short_eq};
 use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
 use super::pb::{Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len};
 
@@ -116,6 +116,10 @@ pub struct V2Encoder {
     labels_seen: Vec<LabelSeen>,
     /// The current series' packed references in [`V2Encoder::encode_series_fast`].
     fast_refs: Vec<u8>,
+    /// The previous series went through [`V2Encoder::encode_series_fast`] whole:
+    /// `labels_seen` holds exactly its labels, which stand one after another in the
+    /// mapped body, so a run of them can be compared in one go.
+    fast_previous: bool,
 }
 
 /// A label of the previous series (see `V2Encoder::labels_seen`).
@@ -261,6 +265,7 @@ impl V2Encoder {
         self.md_by_name.clear();
         self.md_found.clear();
         self.labels_seen.clear();
+        self.fast_previous = false;
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
@@ -539,7 +544,47 @@ impl V2Encoder {
         let mut k = 0usize;
         // Where `rest` starts in `buf`.
         let mut pos = start;
+        // The first label at which a run of the previous series' labels is looked for.
+        let mut run_from = 0usize;
+        let run_ok = std::mem::take(&mut self.fast_previous);
         while rest.first() == Some(&0x0a) {
+            if run_ok && k >= run_from && k < self.labels_seen.len() {
+                // The previous series' labels from its `k`-th on, compared with this
+                // series' bytes in one go: every one of them that the equal bytes cover
+                // is this series' next label (they were read and checked in full then).
+                let n = self.labels_seen.len();
+                let first = self.labels_seen[k].span.0 as usize - 2;
+                let last = self.labels_seen[n - 1].span.1 as usize;
+                let equal = common_prefix(rest, buf.get(first..last)?);
+                let mut j = k;
+                while let Some(seen) = self.labels_seen.get_mut(j) {
+                    let end = seen.span.1 as usize - first;
+                    if end > equal {
+                        break;
+                    }
+                    seen.span = (
+                        (seen.span.0 as usize - first + pos) as u32,
+                        (end + pos) as u32,
+                    );
+                    refs.get_mut(refs_len..refs_len + 10)?
+                        .copy_from_slice(&seen.refs_packed);
+                    refs_len += usize::from(seen.refs_len);
+                    if seen.is_name {
+                        name = seen.value;
+                        name_ref = Some(seen.value_ref);
+                    }
+                    j += 1;
+                }
+                if j > k {
+                    let moved = self.labels_seen[j - 1].span.1 as usize - pos;
+                    rest = rest.get(moved..)?;
+                    pos += moved;
+                    k = j;
+                }
+                // Not again before the label that differs has been read.
+                run_from = k + 1;
+                continue;
+            }
             let head = *rest.first_chunk::<4>()?;
             if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
                 return None;
@@ -609,6 +654,7 @@ impl V2Encoder {
             return None;
         }
         self.labels_seen.truncate(k);
+        self.fast_previous = true;
         let metadata = self.series_metadata(buf, name, name_ref, memory);
         let mut md = [0u8; 32];
         let md_len = put_series_metadata(&mut md, metadata);
@@ -634,6 +680,7 @@ impl V2Encoder {
         end: usize,
         memory: Option<&MetadataMemory>,
     ) -> Result<(), DecodeError> {
+        self.fast_previous = false;
         self.ref_bytes.clear();
         let mut k = 0;
         let mut name: (u32, u32) = (0, 0);
@@ -1180,6 +1227,75 @@ mod tests {
         /// Any mapped body (labels of every length, shared or not with the previous
         /// series, samples, exemplars, metadata) comes out of the 2.0 encoder as the same
         /// series, read back by prost.
+        /// Series built by small edits of the one before (so that runs of labels equal to
+        /// the previous series' are found at every position), some with an exemplar (the
+        /// general loop's), read back the same through prost.
+        #[test]
+        fn series_edited_one_after_another_read_back_the_same(
+            ops in proptest::collection::vec((0u8..8, 0usize..8, 0usize..6, 0usize..7), 1..48),
+            with_metadata in proptest::bool::ANY,
+        ) {
+            const NAMES: [&str; 6] = ["__name__", "instance", "job", "le", "pod", "a_label_name_of_forty_bytes_or_so_xxxxxxx"];
+            let long_value = "v".repeat(130);
+            let values: [&str; 7] = ["requests_total", "x_bucket", "0.5", "+Inf", "10.0.0.1:9000", &long_value, "pod-abcdefghijklmnop-1"];
+            let mut labels: Vec<(usize, usize)> = vec![(0, 0), (1, 4), (2, 6)];
+            let mut request = pb::WriteRequest::default();
+            for (i, &(op, at, name, value)) in ops.iter().enumerate() {
+                let at = if labels.is_empty() { 0 } else { at % labels.len() };
+                match op {
+                    0..=2 if !labels.is_empty() => labels[at].1 = value,
+                    3 => labels.insert(at, (name, value)),
+                    4 if !labels.is_empty() => {
+                        labels.remove(at);
+                    }
+                    _ => {}
+                }
+                let mut ts = pb::TimeSeries::default();
+                for &(n, v) in &labels {
+                    ts.labels.push(pb::Label { name: NAMES[n].into(), value: values[v].into() });
+                }
+                ts.samples.push(pb::Sample { value: i as f64, timestamp: 1000 + i as i64 });
+                if op == 7 {
+                    ts.exemplars.push(pb::Exemplar {
+                        labels: vec![pb::Label { name: "trace_id".into(), value: "t".into() }],
+                        value: 1.0,
+                        timestamp: 3,
+                    });
+                }
+                request.timeseries.push(ts);
+            }
+            if with_metadata {
+                request.metadata.push(pb::MetricMetadata {
+                    r#type: 1,
+                    metric_family_name: "requests".into(),
+                    help: "Requests.".into(),
+                    unit: String::new(),
+                });
+            }
+            let body = request.encode_to_vec();
+            let mut encoder = V2Encoder::new();
+            for _ in 0..2 {
+                let mut out = Vec::new();
+                encoder.encode(&body, None, &mut out).unwrap();
+                let got = v2::Request::decode(out.as_slice()).unwrap();
+                proptest::prop_assert_eq!(got.timeseries.len(), request.timeseries.len());
+                let sym = |r: u32| got.symbols[r as usize].clone();
+                for (want, have) in request.timeseries.iter().zip(&got.timeseries) {
+                    let labels: Vec<(String, String)> =
+                        have.labels_refs.chunks(2).map(|p| (sym(p[0]), sym(p[1]))).collect();
+                    let wanted: Vec<(String, String)> =
+                        want.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
+                    proptest::prop_assert_eq!(labels, wanted);
+                    proptest::prop_assert_eq!(have.samples.len(), 1);
+                    proptest::prop_assert_eq!(have.samples[0].timestamp, want.samples[0].timestamp);
+                    proptest::prop_assert_eq!(have.exemplars.len(), want.exemplars.len());
+                    let is_counter = want.labels.iter().rev().find(|l| l.name == "__name__")
+                        .is_some_and(|l| l.value == "requests_total");
+                    proptest::prop_assert_eq!(have.metadata.is_some(), with_metadata && is_counter);
+                }
+            }
+        }
+
         #[test]
         fn every_series_reads_back_the_same_through_prost(
             series in proptest::collection::vec(
