@@ -14,12 +14,15 @@
 //!
 //! Nothing here allocates per sample once warm: every buffer is reused.
 
-use std::hash::{BuildHasher, Hasher};
+mod fast;
+mod symbols;
 
 use ahash::AHashMap;
 
+use self::fast::{PreviousLabels, pack_refs};
+use self::symbols::Symbols;
 use super::DecodeError;
-use super::decode::{common_prefix, short_eq};
+use super::decode::short_eq;
 use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
 use super::pb::{Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len};
 
@@ -77,9 +80,6 @@ struct RequestMetadata {
 /// `[start, end)` of a buffer.
 type ByteRange = (u32, u32);
 
-/// Labels a series may have for [`V2Encoder::encode_series_fast`].
-const FAST_LABELS: usize = 32;
-
 #[inline]
 fn slice(buf: &[u8], r: ByteRange) -> &[u8] {
     &buf[r.0 as usize..r.1 as usize]
@@ -88,17 +88,16 @@ fn slice(buf: &[u8], r: ByteRange) -> &[u8] {
 /// Reusable state of the 2.0 encoder.
 #[derive(Default)]
 pub struct V2Encoder {
-    hasher: ahash::RandomState,
-    /// Symbol `i` is `sym_bytes[sym_ends[i-1]..sym_ends[i]]`.
-    sym_bytes: Vec<u8>,
-    sym_ends: Vec<u32>,
-    /// Open addressing: symbol index + 1, 0 for an empty slot.
-    slots: Vec<u32>,
+    symbols: Symbols,
     /// An exemplar's label references (a series' are packed straight into `ref_bytes`).
     refs: Vec<u32>,
-    /// The current series' label references, packed (the payload of its field 1).
+    /// The current series' packed references, in the general encoder.
     ref_bytes: Vec<u8>,
+    /// The encoded series, `series_out[..series_len]`: the one-pass encoder writes past
+    /// that end in place (fixed-size copies), so the buffer is kept longer than what it
+    /// holds.
     series_out: Vec<u8>,
+    series_len: usize,
     series_buf: Vec<u8>,
     ex_buf: Vec<u8>,
     md: Vec<RequestMetadata>,
@@ -109,17 +108,12 @@ pub struct V2Encoder {
     md_by_name: Vec<u32>,
     /// (type, help symbol, unit symbol).
     md_found: Vec<(i32, u32, u32)>,
-    /// The previous series' labels: the span of each encoded `Label` in the mapped body
-    /// and its references. Consecutive series mostly share their labels (one family,
-    /// one target): a label equal byte for byte at the same position reuses its symbols
-    /// without hashing. Overwritten in place, label by label, by the current series.
+    /// The general encoder's previous series: the span of each encoded `Label` in the
+    /// mapped body and its references. A label equal byte for byte at the same position
+    /// reuses its symbols without hashing. Overwritten in place, label by label.
     labels_seen: Vec<LabelSeen>,
-    /// The current series' packed references in [`V2Encoder::encode_series_fast`].
-    fast_refs: Vec<u8>,
-    /// The previous series went through [`V2Encoder::encode_series_fast`] whole:
-    /// `labels_seen` holds exactly its labels, which stand one after another in the
-    /// mapped body, so a run of them can be compared in one go.
-    fast_previous: bool,
+    /// The one-pass encoder's previous series.
+    previous: Box<PreviousLabels>,
 }
 
 /// A label of the previous series (see `V2Encoder::labels_seen`).
@@ -135,7 +129,7 @@ struct LabelSeen {
     value: ByteRange,
     is_name: bool,
     /// `name_ref` and `value_ref` as packed varints: `refs_packed[..refs_len]`.
-    refs_packed: [u8; 10],
+    refs_packed: [u8; 16],
     refs_len: u8,
 }
 
@@ -146,17 +140,7 @@ impl LabelSeen {
         (value, value_ref): (ByteRange, u32),
         is_name: bool,
     ) -> Self {
-        let mut refs_packed = [0u8; 10];
-        let mut len = 0;
-        for mut v in [name_ref, value_ref] {
-            while v >= 0x80 {
-                refs_packed[len] = (v as u8) | 0x80;
-                v >>= 7;
-                len += 1;
-            }
-            refs_packed[len] = v as u8;
-            len += 1;
-        }
+        let (refs_packed, refs_len) = pack_refs(name_ref, value_ref);
         LabelSeen {
             span,
             name,
@@ -165,7 +149,7 @@ impl LabelSeen {
             value,
             is_name,
             refs_packed,
-            refs_len: len as u8,
+            refs_len,
         }
     }
 }
@@ -173,79 +157,6 @@ impl LabelSeen {
 impl V2Encoder {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    fn hash(&self, b: &[u8]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write(b);
-        h.finish()
-    }
-
-    fn symbol_bytes(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.sym_ends[i - 1] };
-        &self.sym_bytes[start as usize..self.sym_ends[i] as usize]
-    }
-
-    fn reset_symbols(&mut self) {
-        self.sym_bytes.clear();
-        self.sym_ends.clear();
-        if self.slots.is_empty() {
-            self.slots.resize(1024, 0);
-        } else {
-            self.slots.fill(0);
-        }
-        // symbols[0] is the empty string (the spec requires it).
-        self.sym_ends.push(0);
-        let h = self.hash(b"");
-        let mask = self.slots.len() - 1;
-        self.slots[h as usize & mask] = 1;
-    }
-
-    /// The index of `s` in the symbols table, adding it when new.
-    fn symbol(&mut self, s: &[u8]) -> u32 {
-        let h = self.hash(s);
-        let mut mask = self.slots.len() - 1;
-        let mut i = h as usize & mask;
-        loop {
-            let v = self.slots[i];
-            if v == 0 {
-                break;
-            }
-            if short_eq(self.symbol_bytes(v as usize - 1), s) {
-                return v - 1;
-            }
-            i = (i + 1) & mask;
-        }
-        let idx = self.sym_ends.len() as u32;
-        self.sym_bytes.extend_from_slice(s);
-        self.sym_ends.push(self.sym_bytes.len() as u32);
-        if self.sym_ends.len() * 2 > self.slots.len() {
-            self.grow();
-            mask = self.slots.len() - 1;
-            i = h as usize & mask;
-            while self.slots[i] != 0 {
-                i = (i + 1) & mask;
-            }
-        }
-        self.slots[i] = idx + 1;
-        idx
-    }
-
-    #[inline(never)]
-    fn grow(&mut self) {
-        let n = self.slots.len() * 2;
-        self.slots.clear();
-        self.slots.resize(n, 0);
-        let mask = n - 1;
-        // The newest symbol is placed by the caller.
-        for idx in 0..self.sym_ends.len() - 1 {
-            let h = self.hash(self.symbol_bytes(idx));
-            let mut i = h as usize & mask;
-            while self.slots[i] != 0 {
-                i = (i + 1) & mask;
-            }
-            self.slots[i] = idx as u32 + 1;
-        }
     }
 
     /// Encodes `v1` (the mapped request, see the module docs) as a 2.0 `Request` into
@@ -258,14 +169,14 @@ impl V2Encoder {
         out: &mut Vec<u8>,
     ) -> Result<V2Written, DecodeError> {
         out.clear();
-        self.reset_symbols();
-        self.series_out.clear();
+        self.symbols.reset();
+        self.series_len = 0;
         self.md.clear();
         self.md_index.clear();
         self.md_by_name.clear();
         self.md_found.clear();
         self.labels_seen.clear();
-        self.fast_previous = false;
+        self.previous.len = 0;
         // The request's metadata first: series look their family up in it.
         let mut r = Reader::new(v1, 0, v1.len());
         while !r.is_done() {
@@ -303,16 +214,9 @@ impl V2Encoder {
                 written.series += 1;
             }
         }
-        for i in 0..self.sym_ends.len() {
-            let start = if i == 0 { 0 } else { self.sym_ends[i - 1] };
-            put_bytes_field(
-                out,
-                V2_SYMBOLS,
-                &self.sym_bytes[start as usize..self.sym_ends[i] as usize],
-            );
-        }
-        out.extend_from_slice(&self.series_out);
-        written.symbols = self.sym_ends.len();
+        self.symbols.put_fields(out, V2_SYMBOLS);
+        out.extend_from_slice(&self.series_out[..self.series_len]);
+        written.symbols = self.symbols.len();
         Ok(written)
     }
 
@@ -340,7 +244,7 @@ impl V2Encoder {
                 _ => r.skip(wire)?,
             }
         }
-        let key = self.hash(slice(buf, md.family));
+        let key = self.symbols.hash(slice(buf, md.family));
         // The first entry of a family wins (the mapper writes one per family anyway).
         if let std::collections::hash_map::Entry::Vacant(v) = self.md_index.entry(key) {
             v.insert(self.md.len() as u32);
@@ -389,7 +293,7 @@ impl V2Encoder {
             let type_ok = |t: i32| types.is_empty() || types.iter().any(|&x| i32::from(x) == t);
             // Most requests carry no metadata (1.0 senders send it apart): no hashing then.
             if !self.md.is_empty()
-                && let Some(&i) = self.md_index.get(&self.hash(family))
+                && let Some(&i) = self.md_index.get(&self.symbols.hash(family))
                 && let Some(m) = self.md.get(i as usize)
                 && slice(buf, m.family) == family
             {
@@ -435,12 +339,12 @@ impl V2Encoder {
                 let help_ref = if help.is_empty() {
                     0
                 } else {
-                    self.symbol(help)
+                    self.symbols.intern(help)
                 };
                 let unit_ref = if unit.is_empty() {
                     0
                 } else {
-                    self.symbol(unit)
+                    self.symbols.intern(unit)
                 };
                 (t, help_ref, unit_ref)
             });
@@ -484,9 +388,9 @@ impl V2Encoder {
             // name's symbol is the previous label's then.
             let name_ref = match self.labels_seen.get(k) {
                 Some(before) if short_eq(slice(buf, before.name), slice(buf, n)) => before.name_ref,
-                _ => self.symbol(slice(buf, n)),
+                _ => self.symbols.intern(slice(buf, n)),
             };
-            let value_ref = self.symbol(slice(buf, v));
+            let value_ref = self.symbols.intern(slice(buf, v));
             let is_name = super::decode::is_metric_name(slice(buf, n));
             let seen = LabelSeen::new(span, (n, name_ref), (v, value_ref), is_name);
             match self.labels_seen.get_mut(k) {
@@ -504,175 +408,6 @@ impl V2Encoder {
         Ok(seen.is_name.then_some(seen.value))
     }
 
-    /// The usual series, the mapper's shape, encoded in one pass over its bytes: at most
-    /// [`FAST_LABELS`] labels in the short shape (`0x0a LEN 0x0a NL name 0x12 VL value`,
-    /// lengths under 128), then samples only (`0x12 LEN`). A label equal byte for byte to
-    /// the previous series' at its position takes its references as they are. `None`:
-    /// anything else, with nothing written (the general [`V2Encoder::encode_series`]
-    /// takes the series; what this one learnt stays valid for it).
-    fn encode_series_fast(
-        &mut self,
-        buf: &[u8],
-        start: usize,
-        end: usize,
-        memory: Option<&MetadataMemory>,
-    ) -> Option<()> {
-        // References packed here, each label's ten bytes copied whole then the length
-        // moved on by its own: a fixed-size copy (the array is the encoder's, not zeroed
-        // per series).
-        let mut refs = std::mem::take(&mut self.fast_refs);
-        refs.resize(FAST_LABELS * 10 + 10, 0);
-        let written = self.fast_labels(buf, start, end, memory, &mut refs);
-        self.fast_refs = refs;
-        written
-    }
-
-    #[inline(always)]
-    fn fast_labels(
-        &mut self,
-        buf: &[u8],
-        start: usize,
-        end: usize,
-        memory: Option<&MetadataMemory>,
-        refs: &mut [u8],
-    ) -> Option<()> {
-        let msg = buf.get(start..end)?;
-        let mut refs_len = 0usize;
-        let mut name: ByteRange = (0, 0);
-        let mut name_ref: Option<u32> = None;
-        let mut rest = msg;
-        let mut k = 0usize;
-        // Where `rest` starts in `buf`.
-        let mut pos = start;
-        // The first label at which a run of the previous series' labels is looked for.
-        let mut run_from = 0usize;
-        let run_ok = std::mem::take(&mut self.fast_previous);
-        while rest.first() == Some(&0x0a) {
-            if run_ok && k >= run_from && k < self.labels_seen.len() {
-                // The previous series' labels from its `k`-th on, compared with this
-                // series' bytes in one go: every one of them that the equal bytes cover
-                // is this series' next label (they were read and checked in full then).
-                let n = self.labels_seen.len();
-                let first = self.labels_seen[k].span.0 as usize - 2;
-                let last = self.labels_seen[n - 1].span.1 as usize;
-                let equal = common_prefix(rest, buf.get(first..last)?);
-                let mut j = k;
-                while let Some(seen) = self.labels_seen.get_mut(j) {
-                    let end = seen.span.1 as usize - first;
-                    if end > equal {
-                        break;
-                    }
-                    seen.span = (
-                        (seen.span.0 as usize - first + pos) as u32,
-                        (end + pos) as u32,
-                    );
-                    refs.get_mut(refs_len..refs_len + 10)?
-                        .copy_from_slice(&seen.refs_packed);
-                    refs_len += usize::from(seen.refs_len);
-                    if seen.is_name {
-                        name = seen.value;
-                        name_ref = Some(seen.value_ref);
-                    }
-                    j += 1;
-                }
-                if j > k {
-                    let moved = self.labels_seen[j - 1].span.1 as usize - pos;
-                    rest = rest.get(moved..)?;
-                    pos += moved;
-                    k = j;
-                }
-                // Not again before the label that differs has been read.
-                run_from = k + 1;
-                continue;
-            }
-            let head = *rest.first_chunk::<4>()?;
-            if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
-                return None;
-            }
-            let (len, name_len) = (head[1] as usize, head[3] as usize);
-            let (field, after) = rest.split_at_checked(2 + len)?;
-            let label = &field[2..];
-            let at = pos + 2;
-            let span = (at as u32, (at + len) as u32);
-            let same = match self.labels_seen.get_mut(k) {
-                Some(before) if short_eq(slice(buf, before.span), label) => {
-                    before.span = span;
-                    true
-                }
-                _ => false,
-            };
-            if !same {
-                let (n, value_field) = label.get(2..)?.split_at_checked(name_len)?;
-                let (&[0x12, value_len], v) = value_field.split_first_chunk::<2>()? else {
-                    return None;
-                };
-                if v.len() != usize::from(value_len) {
-                    return None;
-                }
-                let name_at = (at + 2) as u32;
-                let value_at = name_at + name_len as u32 + 2;
-                let n_range = (name_at, name_at + name_len as u32);
-                let v_range = (value_at, value_at + u32::from(value_len));
-                let n_ref = match self.labels_seen.get(k) {
-                    Some(before) if short_eq(slice(buf, before.name), n) => before.name_ref,
-                    _ => self.symbol(n),
-                };
-                let v_ref = self.symbol(v);
-                let seen = LabelSeen::new(
-                    span,
-                    (n_range, n_ref),
-                    (v_range, v_ref),
-                    super::decode::is_metric_name(n),
-                );
-                match self.labels_seen.get_mut(k) {
-                    Some(slot) => *slot = seen,
-                    None => self.labels_seen.push(seen),
-                }
-            }
-            let seen = self.labels_seen.get(k)?;
-            refs.get_mut(refs_len..refs_len + 10)?
-                .copy_from_slice(&seen.refs_packed);
-            refs_len += usize::from(seen.refs_len);
-            if seen.is_name {
-                name = seen.value;
-                name_ref = Some(seen.value_ref);
-            }
-            rest = after;
-            pos = at + len;
-            k += 1;
-        }
-        let samples_at = pos;
-        let mut tail = rest;
-        while let Some((&0x12, after_key)) = tail.split_first() {
-            let (&len, after_len) = after_key.split_first()?;
-            if len >= 0x80 {
-                return None;
-            }
-            tail = after_len.get(usize::from(len)..)?;
-        }
-        if !tail.is_empty() {
-            return None;
-        }
-        self.labels_seen.truncate(k);
-        self.fast_previous = true;
-        let metadata = self.series_metadata(buf, name, name_ref, memory);
-        let mut md = [0u8; 32];
-        let md_len = put_series_metadata(&mut md, metadata);
-        let refs_field = if refs_len == 0 {
-            0
-        } else {
-            1 + varint_len(refs_len as u64) + refs_len
-        };
-        let len = refs_field + (end - samples_at) + md_len;
-        let out = &mut self.series_out;
-        put_key(out, V2_TIMESERIES, WIRE_LEN);
-        put_varint(out, len as u64);
-        put_ref_bytes(out, &refs[..refs_len]);
-        out.extend_from_slice(&buf[samples_at..end]);
-        out.extend_from_slice(&md[..md_len]);
-        Some(())
-    }
-
     fn encode_series(
         &mut self,
         buf: &[u8],
@@ -680,7 +415,8 @@ impl V2Encoder {
         end: usize,
         memory: Option<&MetadataMemory>,
     ) -> Result<(), DecodeError> {
-        self.fast_previous = false;
+        self.previous.len = 0;
+        self.series_out.truncate(self.series_len);
         self.ref_bytes.clear();
         let mut k = 0;
         let mut name: (u32, u32) = (0, 0);
@@ -750,6 +486,7 @@ impl V2Encoder {
             put_ref_bytes(out, &self.ref_bytes);
             out.extend_from_slice(&buf[rest_at..end]);
             out.extend_from_slice(&md[..md_len]);
+            self.series_len = out.len();
             return Ok(());
         }
         let mut body = std::mem::take(&mut self.series_buf);
@@ -776,6 +513,7 @@ impl V2Encoder {
         }
         body.extend_from_slice(&md[..md_len]);
         put_bytes_field(&mut self.series_out, V2_TIMESERIES, &body);
+        self.series_len = self.series_out.len();
         self.series_buf = body;
         Ok(())
     }
@@ -794,8 +532,8 @@ impl V2Encoder {
             if field == 1 && wire == WIRE_LEN {
                 let (s, e) = r.len_delimited()?;
                 let (n, v) = read_label(buf, s, e)?;
-                let nr = self.symbol(slice(buf, n));
-                let vr = self.symbol(slice(buf, v));
+                let nr = self.symbols.intern(slice(buf, n));
+                let vr = self.symbols.intern(slice(buf, v));
                 self.refs.push(nr);
                 self.refs.push(vr);
             } else {
