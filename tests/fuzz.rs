@@ -32,7 +32,9 @@ use arbitrary::Unstructured;
 use promnorm::app::Assemble;
 use promnorm::config::Config;
 use promnorm::pipeline::Pipeline;
+use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::proto::prometheus as pb;
+use promnorm::wire::proto::write_v2 as v2;
 use promnorm::wire::{DecodeLimits, DecodedRequest, STALE_NAN_BITS, snappy};
 use prost::Message;
 
@@ -589,6 +591,8 @@ struct Worker<'a> {
     derived_scratch: Vec<u8>,
     snappy_out: Vec<u8>,
     decoder: snap::raw::Decoder,
+    v2: V2Encoder,
+    v2_out: Vec<u8>,
 }
 
 /// Differential check of the decoder (its fast paths included) against prost: when both
@@ -664,9 +668,35 @@ const TIGHT: DecodeLimits = DecodeLimits {
 impl Worker<'_> {
     fn check_output(&mut self) {
         let out = &self.ws.encoded;
-        if let Err(e) = pb::WriteRequest::decode(out.as_slice()) {
-            panic!("pipeline output is not a valid WriteRequest: {e}");
+        let v1 = match pb::WriteRequest::decode(out.as_slice()) {
+            Ok(v1) => v1,
+            Err(e) => panic!("pipeline output is not a valid WriteRequest: {e}"),
+        };
+        // The same output as 2.0 (what a `protocol: v2` backend gets): the same series.
+        if let Err(e) = self.v2.encode(out, None, &mut self.v2_out) {
+            panic!("the 2.0 encoder refused the pipeline's output: {e}");
         }
+        let v2 = match v2::Request::decode(self.v2_out.as_slice()) {
+            Ok(v2) => v2,
+            Err(e) => panic!("2.0 output is not a valid Request: {e}"),
+        };
+        assert_eq!(v2.timeseries.len(), v1.timeseries.len(), "2.0 series");
+        let symbol = |r: &u32| v2.symbols.get(*r as usize).map(String::as_str);
+        for (a, b) in v1.timeseries.iter().zip(&v2.timeseries) {
+            let labels: Vec<_> = a
+                .labels
+                .iter()
+                .flat_map(|l| [Some(l.name.as_str()), Some(l.value.as_str())])
+                .collect();
+            let refs: Vec<_> = b.labels_refs.iter().map(symbol).collect();
+            assert_eq!(refs, labels, "2.0 labels");
+            let a_samples = a.samples.iter().map(|s| (s.value.to_bits(), s.timestamp));
+            let b_samples = b.samples.iter().map(|s| (s.value.to_bits(), s.timestamp));
+            assert!(a_samples.eq(b_samples), "2.0 samples");
+            assert_eq!(b.histograms.len(), a.histograms.len(), "2.0 histograms");
+            assert_eq!(b.exemplars.len(), a.exemplars.len(), "2.0 exemplars");
+        }
+        let out = &self.ws.encoded;
         let compressed = self.ws.compressed();
         let back = snap::raw::Decoder::new()
             .decompress_vec(compressed)
@@ -840,6 +870,8 @@ fn campaign(seed: u64, inputs: u64, threads: u64, only: Option<u64>) -> Campaign
                     derived_scratch: Vec::new(),
                     snappy_out: Vec::new(),
                     decoder: snap::raw::Decoder::new(),
+                    v2: V2Encoder::new(),
+                    v2_out: Vec::new(),
                 };
                 let indices: Box<dyn Iterator<Item = u64>> = match only {
                     Some(i) if th == 0 => Box::new(std::iter::once(i)),

@@ -287,9 +287,11 @@ impl DecodedRequest {
         while r.eat(0x0a) {
             self.series_label(buf, &mut r, labels_start, limits)?;
         }
+        let mut other_fields = false;
         while r.eat(0x12) {
             let (s, e) = r.len_delimited()?;
-            self.samples.push(decode_sample(buf, s, e)?);
+            self.samples
+                .push(decode_sample(buf, s, e, &mut other_fields)?);
         }
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -301,7 +303,8 @@ impl DecodedRequest {
                 2 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
                     let (s, e) = r.len_delimited()?;
-                    self.samples.push(decode_sample(buf, s, e)?);
+                    self.samples
+                        .push(decode_sample(buf, s, e, &mut other_fields)?);
                 }
                 3 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.exemplars")?;
@@ -326,8 +329,9 @@ impl DecodedRequest {
             start: labels_start,
             end: labels_end,
         };
-        let (name, canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
-
+        let (name, labels_canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
+        // A sample with other fields: the series is rewritten from the view, not copied.
+        let canonical = labels_canonical && !other_fields;
         if has_exemplars {
             self.decode_exemplars(buf, start, end, 3, Self::decode_exemplar)?;
         }
@@ -451,7 +455,7 @@ impl DecodedRequest {
             if head[0] != 0x12 || len >= 0x80 || p + 2 + len > msg.len() {
                 return None;
             }
-            let sample = decode_sample(buf, start + p + 2, start + p + 2 + len).ok()?;
+            let sample = sample_in_usual_shape(buf, start + p + 2, start + p + 2 + len)?;
             self.samples.push(sample);
             p += 2 + len;
         }
@@ -733,16 +737,24 @@ fn decode_label_general(buf: &[u8], start: usize, end: usize) -> Result<LabelSpa
     Ok(LabelSpan { name, value })
 }
 
+/// A 1.0 `Sample`. `other_fields` is set when it has fields besides the value and the
+/// timestamp: its bytes cannot be passed on then (field 3 is 2.0's start timestamp, which
+/// the mapped body carries in that field too).
 #[inline]
-fn decode_sample(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
+fn decode_sample(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    other_fields: &mut bool,
+) -> Result<SampleView, DecodeError> {
     let (value_bits, ts_at) = match sample_head(&buf[start..end]) {
         Some(head) => head,
-        None => return decode_sample_general(buf, start, end),
+        None => return decode_sample_general(buf, start, end, other_fields),
     };
     let mut r = Reader::new(buf, start + ts_at, end);
     let timestamp = r.varint()? as i64;
     if !r.is_done() {
-        return decode_sample_general(buf, start, end);
+        return decode_sample_general(buf, start, end, other_fields);
     }
     Ok(SampleView {
         value_bits,
@@ -783,7 +795,12 @@ pub(super) fn sample_in_usual_shape(buf: &[u8], start: usize, end: usize) -> Opt
 }
 
 #[inline(never)]
-fn decode_sample_general(buf: &[u8], start: usize, end: usize) -> Result<SampleView, DecodeError> {
+fn decode_sample_general(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    other_fields: &mut bool,
+) -> Result<SampleView, DecodeError> {
     let mut value_bits = 0u64;
     let mut timestamp = 0i64;
     let mut r = Reader::new(buf, start, end);
@@ -798,8 +815,10 @@ fn decode_sample_general(buf: &[u8], start: usize, end: usize) -> Result<SampleV
                 r.expect(wire, WIRE_VARINT, "Sample.timestamp")?;
                 timestamp = r.varint()? as i64;
             }
-
-            _ => r.skip(wire)?,
+            _ => {
+                *other_fields = true;
+                r.skip(wire)?;
+            }
         }
     }
     Ok(SampleView {

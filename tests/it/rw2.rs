@@ -156,6 +156,44 @@ fn one_zero_body_never_carries_start_timestamp_bytes() {
     );
 }
 
+/// A 1.0 `Sample` has no field 3, but 2.0's is the start timestamp (and the mapped body
+/// carries that there): a 1.0 sender's unknown field 3, of either wire type, must reach
+/// neither output. Found by the fuzz campaign once it encoded every output as 2.0 too.
+#[test]
+fn a_one_zero_sample_field_unknown_to_one_zero_is_not_passed_on() {
+    let p = plain_pipeline();
+    // __name__="x" (sorted, canonical labels), one sample: value 1.5, timestamp 7, then
+    // field 3 as fixed64 or as a varint.
+    for extra in [&[0x19, 1, 2, 3, 4, 5, 6, 7, 8][..], &[0x18, 0x2a][..]] {
+        let label = [&[0x0a, 8][..], b"__name__", &[0x12, 1, b'x']].concat();
+        let mut sample = vec![0x09];
+        sample.extend_from_slice(&1.5f64.to_le_bytes());
+        sample.extend_from_slice(&[0x10, 7]);
+        sample.extend_from_slice(extra);
+        let series = [
+            &[0x0a, label.len() as u8][..],
+            &label,
+            &[0x12, sample.len() as u8],
+            &sample,
+        ]
+        .concat();
+        let body = [&[0x0a, series.len() as u8][..], &series].concat();
+        let mut ws = p.take_workspace();
+        p.process_raw(&mut ws, &body).expect("a valid 1.0 request");
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(ws.compressed())
+            .unwrap();
+        let v1 = pb::WriteRequest::decode(raw.as_slice()).unwrap();
+        assert_eq!(v1.encode_to_vec(), raw, "only known fields in the 1.0 body");
+        assert_eq!(v1.timeseries[0].samples[0].value, 1.5);
+        p.encode_v2(&mut ws).expect("2.0 output");
+        let v2 = decode_v2(ws.compressed_v2());
+        let s = &v2.timeseries[0].samples[0];
+        assert_eq!((s.value, s.timestamp, s.start_timestamp), (1.5, 7, 0));
+        p.return_workspace(ws);
+    }
+}
+
 fn histogram_request() -> v2::Request {
     let mut sym = Symbols::default();
     let native = sym.refs(&[("__name__", "rpc_latency_seconds"), ("job", "api")]);
