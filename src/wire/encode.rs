@@ -2,7 +2,8 @@
 
 use super::decode::Span;
 use super::pb::{
-    WIRE_I64, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len,
+    WIRE_I64, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, put_varint_at,
+    varint_len,
 };
 
 /// Field numbers of `WriteRequest`.
@@ -343,14 +344,7 @@ impl<'a> SeriesWriter<'a> {
             out.resize(body_at + len, 0);
             out.copy_within(at..at + len, body_at);
         }
-        let mut v = len as u64;
-        let mut i = len_at;
-        while v >= 0x80 {
-            out[i] = (v as u8) | 0x80;
-            v >>= 7;
-            i += 1;
-        }
-        out[i] = v as u8;
+        put_varint_at(out, len_at, len as u64);
         body_at
     }
 

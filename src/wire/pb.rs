@@ -186,6 +186,20 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Writes `v` as a varint at `out[at..]`, which must have room for it (see
+/// [`varint_len`]); returns the bytes written.
+#[inline]
+pub fn put_varint_at(out: &mut [u8], at: usize, mut v: u64) -> usize {
+    let mut i = at;
+    while v >= 0x80 {
+        out[i] = (v as u8) | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+    out[i] = v as u8;
+    i + 1 - at
+}
+
 #[inline]
 pub fn varint_len(v: u64) -> usize {
     // 1 byte per 7 bits, at least one.

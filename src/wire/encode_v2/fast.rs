@@ -12,7 +12,7 @@
 
 use super::{ByteRange, MetadataMemory, V2_TIMESERIES, V2Encoder, put_series_metadata, slice};
 use crate::wire::decode::{common_prefix, is_metric_name, short_eq};
-use crate::wire::pb::{WIRE_LEN, varint_len};
+use crate::wire::pb::{WIRE_LEN, put_varint_at, varint_len};
 
 /// Labels a series may have for the one-pass encoder (a bit each in a `u32`).
 pub(super) const FAST_LABELS: usize = 32;
@@ -25,16 +25,8 @@ const REFS_KEY: u8 = (1 << 3) | WIRE_LEN;
 /// that they are copied as one fixed-size block).
 pub(super) fn pack_refs(name_ref: u32, value_ref: u32) -> ([u8; 16], u8) {
     let mut packed = [0u8; 16];
-    let mut len = 0;
-    for mut v in [name_ref, value_ref] {
-        while v >= 0x80 {
-            packed[len] = (v as u8) | 0x80;
-            v >>= 7;
-            len += 1;
-        }
-        packed[len] = v as u8;
-        len += 1;
-    }
+    let len = put_varint_at(&mut packed, 0, name_ref.into());
+    let len = len + put_varint_at(&mut packed, len, value_ref.into());
     (packed, len as u8)
 }
 
@@ -85,24 +77,10 @@ const SLACK: usize = 128;
 impl V2Encoder {
     /// Encodes the series `buf[start..end]` when it has the mapper's shape (module docs),
     /// appended to `series_out` at `series_len`. `None`: anything else, with nothing
-    /// written; the general [`V2Encoder::encode_series`] takes the series.
-    pub(super) fn encode_series_fast(
-        &mut self,
-        buf: &[u8],
-        start: usize,
-        end: usize,
-        memory: Option<&MetadataMemory>,
-    ) -> Option<()> {
-        let written = self.fast_series(buf, start, end, memory);
-        if written.is_none() {
-            // Labels of this series were written over some of the previous one's.
-            self.previous.len = 0;
-        }
-        written
-    }
-
+    /// written; the general [`V2Encoder::encode_series`] takes the series (and forgets
+    /// `previous`, some of whose labels this one may have overwritten).
     #[inline(always)]
-    fn fast_series(
+    pub(super) fn encode_series_fast(
         &mut self,
         buf: &[u8],
         start: usize,
@@ -268,14 +246,7 @@ impl V2Encoder {
         } else {
             let extra = varint_len(len as u64) - 1;
             o.copy_within(2..w, 2 + extra);
-            let mut at = 1;
-            let mut v = len;
-            while v >= 0x80 {
-                o[at] = (v as u8) | 0x80;
-                v >>= 7;
-                at += 1;
-            }
-            o[at] = v as u8;
+            put_varint_at(o, 1, len as u64);
             w += extra;
         }
         self.series_len = head + w;

@@ -24,7 +24,9 @@ use self::symbols::Symbols;
 use super::DecodeError;
 use super::decode::short_eq;
 use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
-use super::pb::{Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, varint_len};
+use super::pb::{
+    Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, put_varint_at, varint_len,
+};
 
 /// Field numbers of `io.prometheus.write.v2.Request`.
 const V2_SYMBOLS: u32 = 4;
@@ -415,6 +417,8 @@ impl V2Encoder {
         end: usize,
         memory: Option<&MetadataMemory>,
     ) -> Result<(), DecodeError> {
+        // The one-pass encoder's previous series is another one now (and may be half
+        // overwritten by its try at this one).
         self.previous.len = 0;
         self.series_out.truncate(self.series_len);
         self.ref_bytes.clear();
@@ -670,22 +674,13 @@ fn put_series_metadata(out: &mut [u8; 32], metadata: Option<(i32, u32, u32)>) ->
             len += 1 + varint_len(v);
         }
     }
-    let mut at = 0;
-    let mut put = |b: u8| {
-        out[at] = b;
-        at += 1;
-    };
-    put(((5 << 3) | WIRE_LEN as u32) as u8);
-    put(len as u8);
+    out[0] = ((5 << 3) | WIRE_LEN as u32) as u8;
+    out[1] = len as u8;
+    let mut at = 2;
     for (v, f) in fields {
         if v != 0 {
-            put(((f << 3) | u32::from(WIRE_VARINT)) as u8);
-            let mut v = v;
-            while v >= 0x80 {
-                put((v as u8) | 0x80);
-                v >>= 7;
-            }
-            put(v as u8);
+            out[at] = ((f << 3) | u32::from(WIRE_VARINT)) as u8;
+            at += 1 + put_varint_at(out, at + 1, v);
         }
     }
     at
@@ -960,11 +955,18 @@ mod tests {
         assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
     }
 
+    /// The metadata of the counter `requests` (its series are `requests_total`).
+    fn requests_counter_metadata() -> pb::MetricMetadata {
+        pb::MetricMetadata {
+            r#type: 1,
+            metric_family_name: "requests".into(),
+            help: "Requests.".into(),
+            unit: String::new(),
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
-        /// Any mapped body (labels of every length, shared or not with the previous
-        /// series, samples, exemplars, metadata) comes out of the 2.0 encoder as the same
-        /// series, read back by prost.
         /// Series built by small edits of the one before (so that runs of labels equal to
         /// the previous series' are found at every position), some with an exemplar (the
         /// general loop's), read back the same through prost.
@@ -1003,12 +1005,7 @@ mod tests {
                 request.timeseries.push(ts);
             }
             if with_metadata {
-                request.metadata.push(pb::MetricMetadata {
-                    r#type: 1,
-                    metric_family_name: "requests".into(),
-                    help: "Requests.".into(),
-                    unit: String::new(),
-                });
+                request.metadata.push(requests_counter_metadata());
             }
             let body = request.encode_to_vec();
             let mut encoder = V2Encoder::new();
@@ -1034,6 +1031,9 @@ mod tests {
             }
         }
 
+        /// Any mapped body (labels of every length, shared or not with the previous
+        /// series, samples, exemplars, metadata) comes out of the 2.0 encoder as the same
+        /// series, read back by prost.
         #[test]
         fn every_series_reads_back_the_same_through_prost(
             series in proptest::collection::vec(
@@ -1068,12 +1068,7 @@ mod tests {
                 request.timeseries.push(ts);
             }
             if with_metadata {
-                request.metadata.push(pb::MetricMetadata {
-                    r#type: 1,
-                    metric_family_name: "requests".into(),
-                    help: "Requests.".into(),
-                    unit: String::new(),
-                });
+                request.metadata.push(requests_counter_metadata());
             }
             let body = request.encode_to_vec();
             // What prost reads back (it writes no -0.0, as proto3 leaves defaults out).
