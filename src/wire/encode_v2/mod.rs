@@ -919,6 +919,108 @@ mod tests {
         assert_eq!(out, first);
     }
 
+    /// The one-pass encoder's rare shapes: a series over 127 bytes (its length takes two
+    /// bytes, the body moved along), references over 127 bytes (32 labels of two-byte
+    /// symbols), a 33rd label (the general encoder), each between ordinary series that
+    /// share labels with it, read back through prost.
+    #[test]
+    fn long_series_long_references_and_many_labels_read_back_the_same() {
+        let mut request = pb::WriteRequest::default();
+        let series = |labels: Vec<(String, String)>, samples: usize| pb::TimeSeries {
+            labels: labels
+                .into_iter()
+                .map(|(name, value)| pb::Label { name, value })
+                .collect(),
+            samples: (0..samples)
+                .map(|i| pb::Sample {
+                    value: i as f64 + 0.5,
+                    timestamp: 1_700_000_000_000 + i as i64,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        // 16,400 symbols first, so that later ones take three bytes: 32 labels' references
+        // take more than 127 bytes then.
+        for i in 0..8200 {
+            let labels = vec![
+                ("__name__".into(), format!("m{i}")),
+                ("v".into(), format!("x{i}")),
+            ];
+            request.timeseries.push(series(labels, 1));
+        }
+        let wide = |n: usize, tag: &str| -> Vec<(String, String)> {
+            let mut l = vec![("__name__".to_string(), "wide".to_string())];
+            l.extend((1..n).map(|i| (format!("l{i:02}"), format!("{tag}{i}"))));
+            l
+        };
+        for (n, samples) in [
+            (32, 1),
+            (32, 1),
+            (33, 1),
+            (33, 1),
+            (32, 1),
+            (3, 12),
+            (3, 12),
+            (32, 9),
+        ] {
+            request.timeseries.push(series(wide(n, "a"), samples));
+            request.timeseries.push(series(wide(n, "b"), samples));
+        }
+        let body = request.encode_to_vec();
+        let mut encoder = V2Encoder::new();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            encoder.encode(&body, None, &mut out).unwrap();
+            let got = v2::Request::decode(out.as_slice()).unwrap();
+            assert_eq!(got.timeseries.len(), request.timeseries.len());
+            for (want, have) in request.timeseries.iter().zip(&got.timeseries) {
+                let labels: Vec<(&str, &str)> = have
+                    .labels_refs
+                    .chunks(2)
+                    .map(|p| {
+                        (
+                            got.symbols[p[0] as usize].as_str(),
+                            got.symbols[p[1] as usize].as_str(),
+                        )
+                    })
+                    .collect();
+                let wanted: Vec<(&str, &str)> = want
+                    .labels
+                    .iter()
+                    .map(|l| (l.name.as_str(), l.value.as_str()))
+                    .collect();
+                assert_eq!(labels, wanted);
+                let samples: Vec<(f64, i64)> = have
+                    .samples
+                    .iter()
+                    .map(|s| (s.value, s.timestamp))
+                    .collect();
+                let wanted: Vec<(f64, i64)> = want
+                    .samples
+                    .iter()
+                    .map(|s| (s.value, s.timestamp))
+                    .collect();
+                assert_eq!(samples, wanted);
+            }
+        }
+        // The shapes this test is for did occur: a one-pass series of 32 labels whose
+        // references take 128 bytes or more, and one whose length takes two bytes.
+        let got = v2::Request::decode(out.as_slice()).unwrap();
+        let refs_len = |t: &v2::TimeSeries| -> usize {
+            t.labels_refs.iter().map(|&r| varint_len(r.into())).sum()
+        };
+        assert!(
+            got.timeseries
+                .iter()
+                .any(|t| t.labels_refs.len() == 64 && refs_len(t) >= 128)
+        );
+        assert!(
+            got.timeseries
+                .iter()
+                .any(|t| t.encoded_len() >= 128 && t.labels_refs.len() == 6)
+        );
+    }
+
     #[test]
     fn strip_removes_start_timestamps_only() {
         let body = mapped(2);
