@@ -76,9 +76,10 @@ const SLACK: usize = 128;
 
 impl V2Encoder {
     /// Encodes the series `buf[start..end]` when it has the mapper's shape (module docs),
-    /// appended to `series_out` at `series_len`. `None`: anything else, with nothing
-    /// written; the general [`V2Encoder::encode_series`] takes the series (and forgets
-    /// `previous`, some of whose labels this one may have overwritten).
+    /// appended to `series_out` at `series_len`. `None`: anything else; what was written
+    /// lies past `series_len` (and symbols interned stay, unused), and the general
+    /// [`V2Encoder::encode_series`] takes the series (and forgets `previous`, some of
+    /// whose labels this one may have overwritten).
     #[inline(always)]
     pub(super) fn encode_series_fast(
         &mut self,
@@ -230,7 +231,8 @@ impl V2Encoder {
             w += 1;
         }
         // The samples as they are (2.0 numbers them like 1.0): one fixed-size copy when
-        // short, reading on into the next series' bytes, which the next write covers.
+        // short, reading on into the next series' bytes, which the metadata and the next
+        // series write over or which lie past `series_len`.
         let samples_len = end - samples_at;
         match buf.get(samples_at..samples_at + 32) {
             Some(block) if samples_len <= 32 => o.get_mut(w..w + 32)?.copy_from_slice(block),

@@ -420,7 +420,6 @@ impl V2Encoder {
         // The one-pass encoder's previous series is another one now (and may be half
         // overwritten by its try at this one).
         self.previous.len = 0;
-        self.series_out.truncate(self.series_len);
         self.ref_bytes.clear();
         let mut k = 0;
         let mut name: (u32, u32) = (0, 0);
@@ -473,26 +472,6 @@ impl V2Encoder {
         let metadata = self.series_metadata(buf, name, name_ref, memory);
         let mut md = [0u8; 32];
         let md_len = put_series_metadata(&mut md, metadata);
-        // The common shape: nothing but samples after the labels. 2.0 numbers `samples`
-        // like 1.0 (field 2, same `Sample` fields), so those bytes are the 2.0 series'
-        // tail as they are, and the series is written once, straight into `series_out`.
-        if only_samples(buf, rest_at, end)? {
-            let refs_len = self.ref_bytes.len();
-            let refs_field = if refs_len == 0 {
-                0
-            } else {
-                1 + varint_len(refs_len as u64) + refs_len
-            };
-            let len = refs_field + (end - rest_at) + md_len;
-            let out = &mut self.series_out;
-            put_key(out, V2_TIMESERIES, WIRE_LEN);
-            put_varint(out, len as u64);
-            put_ref_bytes(out, &self.ref_bytes);
-            out.extend_from_slice(&buf[rest_at..end]);
-            out.extend_from_slice(&md[..md_len]);
-            self.series_len = out.len();
-            return Ok(());
-        }
         let mut body = std::mem::take(&mut self.series_buf);
         body.clear();
         put_ref_bytes(&mut body, &self.ref_bytes);
@@ -516,10 +495,26 @@ impl V2Encoder {
             }
         }
         body.extend_from_slice(&md[..md_len]);
-        put_bytes_field(&mut self.series_out, V2_TIMESERIES, &body);
-        self.series_len = self.series_out.len();
+        let mut key_len = [0u8; 11];
+        key_len[0] = ((V2_TIMESERIES << 3) | u32::from(WIRE_LEN)) as u8;
+        let n = 1 + put_varint_at(&mut key_len, 1, body.len() as u64);
+        self.append_series_bytes(&key_len[..n]);
+        self.append_series_bytes(&body);
         self.series_buf = body;
         Ok(())
+    }
+
+    /// Appends `bytes` to `series_out[..series_len]`. The buffer is never cut back (the
+    /// one-pass encoder writes past `series_len`): it grows by doubling, so each byte of
+    /// it is zeroed once, however the two encoders alternate.
+    fn append_series_bytes(&mut self, bytes: &[u8]) {
+        let end = self.series_len + bytes.len();
+        if self.series_out.len() < end {
+            let want = end.max(self.series_out.len() * 2);
+            self.series_out.resize(want, 0);
+        }
+        self.series_out[self.series_len..end].copy_from_slice(bytes);
+        self.series_len = end;
     }
 
     fn encode_exemplar(
@@ -640,19 +635,6 @@ fn read_label(buf: &[u8], start: usize, end: usize) -> Result<(ByteRange, ByteRa
         }
     }
     Ok((name, value))
-}
-
-/// Whether `buf[start..end]`, the rest of a series after its labels, holds samples only
-/// (each field `0x12`, length-delimited).
-fn only_samples(buf: &[u8], start: usize, end: usize) -> Result<bool, DecodeError> {
-    let mut r = Reader::new(buf, start, end);
-    while !r.is_done() {
-        if !r.eat(0x12) {
-            return Ok(false);
-        }
-        r.len_delimited()?;
-    }
-    Ok(true)
 }
 
 /// Writes a 2.0 series' `metadata` field (5) for (type, help symbol, unit symbol) into
