@@ -10,15 +10,14 @@
 //! The series is written straight into the encoder's output at its end, its length bytes
 //! patched once known.
 
-use super::{ByteRange, MetadataMemory, V2_TIMESERIES, V2Encoder, put_series_metadata, slice};
+use super::{ByteRange, MetadataMemory, SERIES_KEY, V2Encoder, put_series_metadata, slice};
 use crate::wire::decode::{common_prefix, is_metric_name, short_eq};
 use crate::wire::pb::{WIRE_LEN, put_varint_at, varint_len};
 
 /// Labels a series may have for the one-pass encoder (a bit each in a `u32`).
 pub(super) const FAST_LABELS: usize = 32;
 
-/// `TimeSeries` (field 5) and its `labels_refs` (field 1), both length-delimited.
-const SERIES_KEY: u8 = ((V2_TIMESERIES << 3) | WIRE_LEN as u32) as u8;
+/// A `TimeSeries`' `labels_refs` (field 1), length-delimited.
 const REFS_KEY: u8 = (1 << 3) | WIRE_LEN;
 
 /// A label's two references as varints, in the first `.1` bytes (at most ten; sixteen so

@@ -31,6 +31,8 @@ use super::pb::{
 /// Field numbers of `io.prometheus.write.v2.Request`.
 const V2_SYMBOLS: u32 = 4;
 const V2_TIMESERIES: u32 = 5;
+/// A series' key: `timeseries`, length-delimited.
+const SERIES_KEY: u8 = ((V2_TIMESERIES << 3) | WIRE_LEN as u32) as u8;
 
 /// Metadata remembered from earlier requests, by output family name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -496,7 +498,7 @@ impl V2Encoder {
         }
         body.extend_from_slice(&md[..md_len]);
         let mut key_len = [0u8; 11];
-        key_len[0] = ((V2_TIMESERIES << 3) | u32::from(WIRE_LEN)) as u8;
+        key_len[0] = SERIES_KEY;
         let n = 1 + put_varint_at(&mut key_len, 1, body.len() as u64);
         self.append_series_bytes(&key_len[..n]);
         self.append_series_bytes(&body);
