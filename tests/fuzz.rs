@@ -693,7 +693,19 @@ impl Worker<'_> {
             let a_samples = a.samples.iter().map(|s| (s.value.to_bits(), s.timestamp));
             let b_samples = b.samples.iter().map(|s| (s.value.to_bits(), s.timestamp));
             assert!(a_samples.eq(b_samples), "2.0 samples");
+            // Field by field: 2.0 numbers a histogram like 1.0, plus `start_timestamp`
+            // (17), which no 1.0 input has (an unknown 1.0 field 17 must not become one).
             assert_eq!(b.histograms.len(), a.histograms.len(), "2.0 histograms");
+            for (ha, hb) in a.histograms.iter().zip(&b.histograms) {
+                assert_eq!(hb.start_timestamp, 0, "2.0 histogram start timestamp");
+                let hb = pb::Histogram::decode(hb.encode_to_vec().as_slice())
+                    .expect("a 2.0 histogram reads as 1.0");
+                assert_eq!(hb.encode_to_vec(), ha.encode_to_vec(), "2.0 histogram");
+            }
+            assert!(
+                b.samples.iter().all(|s| s.start_timestamp == 0),
+                "2.0 start timestamps"
+            );
             assert_eq!(b.exemplars.len(), a.exemplars.len(), "2.0 exemplars");
         }
         let out = &self.ws.encoded;

@@ -90,6 +90,10 @@ pub struct ExemplarView {
 pub struct HistogramView {
     pub raw: Span,
     pub timestamp: i64,
+    /// A 1.0 histogram with a field 17, which 1.0 does not define. The mapped body numbers
+    /// histograms like 2.0, where 17 is `start_timestamp`, so the histogram is forwarded
+    /// without that field (its series is never canonical).
+    pub foreign_field_17: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -314,11 +318,14 @@ impl DecodedRequest {
                 4 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
                     let (s, e) = r.len_delimited()?;
-                    let (timestamp, schema) = decode_histogram_timestamp(buf, s, e)?;
+                    let (timestamp, schema, foreign_field_17) =
+                        decode_histogram_timestamp(buf, s, e)?;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
+                    other_fields |= foreign_field_17;
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
+                        foreign_field_17,
                     });
                 }
                 _ => r.skip(wire)?,
@@ -330,7 +337,8 @@ impl DecodedRequest {
             end: labels_end,
         };
         let (name, labels_canonical) = check_labels(buf, &mut self.labels[labels.usize()])?;
-        // A sample with other fields: the series is rewritten from the view, not copied.
+        // A sample with other fields, or a histogram with a field 17: the series is
+        // rewritten from the view, not copied.
         let canonical = labels_canonical && !other_fields;
         if has_exemplars {
             self.decode_exemplars(buf, start, end, 3, Self::decode_exemplar)?;
@@ -828,18 +836,19 @@ fn decode_sample_general(
     })
 }
 
-/// Walks a native histogram (checking it is well-formed) and returns its timestamp and
-/// schema.
+/// Walks a native histogram (checking it is well-formed) and returns its timestamp, its
+/// schema and whether it has a field 17 (see [`HistogramView::foreign_field_17`]).
 fn decode_histogram_timestamp(
     buf: &[u8],
     start: usize,
     end: usize,
-) -> Result<(i64, i32), DecodeError> {
+) -> Result<(i64, i32, bool), DecodeError> {
     // A histogram is forwarded as its original bytes, so every field is checked here as
     // a protobuf decoder would: a malformed one would make the backend refuse the whole
     // request (found by tests/fuzz.rs).
     let mut timestamp = 0i64;
     let mut schema = 0i32;
+    let mut field_17 = false;
     let mut r = Reader::new(buf, start, end);
     while !r.is_done() {
         let (field, wire) = r.key()?;
@@ -889,10 +898,14 @@ fn decode_histogram_timestamp(
                 r.expect(wire, WIRE_I64, "Histogram counts")?;
                 r.fixed64()?;
             }
+            17 => {
+                field_17 = true;
+                r.skip(wire)?;
+            }
             _ => r.skip(wire)?,
         }
     }
-    Ok((timestamp, schema))
+    Ok((timestamp, schema, field_17))
 }
 
 fn check_bucket_span(buf: &[u8], start: usize, end: usize) -> Result<(), DecodeError> {

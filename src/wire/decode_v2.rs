@@ -275,6 +275,7 @@ impl DecodedRequest {
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
+                        foreign_field_17: false,
                     });
                 }
                 4 => {

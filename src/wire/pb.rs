@@ -177,6 +177,26 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Copies the message `buf[start..end]` into `out` without its field `drop`.
+pub fn copy_without(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    drop: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), DecodeError> {
+    let mut r = Reader::new(buf, start, end);
+    while !r.is_done() {
+        let from = r.pos();
+        let (field, wire) = r.key()?;
+        r.skip(wire)?;
+        if field != drop {
+            out.extend_from_slice(&buf[from..r.pos()]);
+        }
+    }
+    Ok(())
+}
+
 #[inline]
 pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {

@@ -596,3 +596,61 @@ backends:
     }
     proxy.shut_down().await;
 }
+
+/// A 1.0 `Histogram` has no field 17, but 2.0's is `start_timestamp` (and the mapped body
+/// numbers histograms like 2.0): a 1.0 sender's unknown field 17, of either wire type,
+/// must reach neither output, whichever way the histogram goes through (as it came,
+/// renamed, rescaled). Each output must be byte for byte the one of the same request
+/// without the field.
+#[test]
+fn a_one_zero_histogram_field_unknown_to_one_zero_is_not_passed_on() {
+    let p = pipeline(PACK, "");
+    // Field 17 as fixed64 (key 0x89 0x01) and as a varint (key 0x88 0x01).
+    let extras: [&[u8]; 2] = [&[0x89, 0x01, 1, 2, 3, 4, 5, 6, 7, 8], &[0x88, 0x01, 0x2a]];
+    for family in ["plain_hist", "old_name", "lat_ms", "mem_mib"] {
+        let labels = [("__name__", family), ("host", "a")];
+        let hist = exp_hist(0, 1, &[2, 1], 1000);
+        let body = |extra: &[u8]| {
+            let mut series = Vec::new();
+            for (n, v) in labels {
+                let l = label(n, v).encode_to_vec();
+                series.push(0x0a);
+                prost::encoding::encode_varint(l.len() as u64, &mut series);
+                series.extend_from_slice(&l);
+            }
+            let h = [hist.encode_to_vec().as_slice(), extra].concat();
+            series.push(0x22);
+            prost::encoding::encode_varint(h.len() as u64, &mut series);
+            series.extend_from_slice(&h);
+            let mut body = vec![0x0a];
+            prost::encoding::encode_varint(series.len() as u64, &mut body);
+            body.extend_from_slice(&series);
+            common::compress(&body)
+        };
+        // Both outputs (1.0 raw, 2.0 raw) of one request.
+        let outputs = |body: &[u8]| {
+            let mut ws = p.take_workspace();
+            p.process(&mut ws, body).expect("a valid 1.0 request");
+            let v1 = snap::raw::Decoder::new()
+                .decompress_vec(ws.compressed())
+                .unwrap();
+            p.encode_v2(&mut ws).expect("2.0 output");
+            let v2 = snap::raw::Decoder::new()
+                .decompress_vec(ws.compressed_v2())
+                .unwrap();
+            p.return_workspace(ws);
+            (v1, v2)
+        };
+        let (want_v1, want_v2) = outputs(&body(&[]));
+        let out = rw2::decode_v2(&common::compress(&want_v2));
+        assert!(!out.timeseries.is_empty(), "{family}");
+        for ts in &out.timeseries {
+            assert_eq!(ts.histograms.len(), 1, "{family}");
+        }
+        for extra in extras {
+            let (v1, v2) = outputs(&body(extra));
+            assert_eq!(v1, want_v1, "{family}: 1.0 output, extra {extra:?}");
+            assert_eq!(v2, want_v2, "{family}: 2.0 output, extra {extra:?}");
+        }
+    }
+}

@@ -135,9 +135,10 @@ impl Mapper {
         }
         let h_start = self.histograms.len() as u32;
         for h in &req.histograms[s.histograms.usize()] {
+            let source = self.histogram_source(buf, h);
             let bytes = match scale {
-                Some((f, pack)) if !f.is_one() => self.rescale_native(buf, h.raw, f, pack),
-                _ => Str::In(h.raw),
+                Some((f, pack)) if !f.is_one() => self.rescale_native(buf, source, f, pack),
+                _ => source,
             };
             self.histograms.push(HistOut {
                 timestamp: h.timestamp,
@@ -236,7 +237,7 @@ impl Mapper {
                     w.exemplar(labels, ex.value_bits, ex.timestamp);
                 }
                 for h in &self.histograms[first.histograms.usize()] {
-                    w.histogram_raw(self.hist_bytes(h, buf));
+                    w.histogram_raw(self.hist_bytes(h.bytes, buf));
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
                 if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
@@ -340,7 +341,7 @@ impl Mapper {
             w.exemplar(labels, ex.value_bits, ex.timestamp);
         }
         for h in &self.gather_hist {
-            w.histogram_raw(self.hist_bytes(h, buf));
+            w.histogram_raw(self.hist_bytes(h.bytes, buf));
         }
         self.stats.histograms_out += self.gather_hist.len() as u64;
     }

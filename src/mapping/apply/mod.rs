@@ -262,7 +262,8 @@ impl Mapper {
             w.exemplar(labels, ex.value_bits, ex.timestamp);
         }
         for h in &req.histograms[s.histograms.usize()] {
-            w.histogram_raw(h.raw.bytes(buf));
+            let source = self.histogram_source(buf, h);
+            w.histogram_raw(self.hist_bytes(source, buf));
         }
         if req.v2 {
             w.close_memo(&mut self.label_memo);

@@ -6,29 +6,32 @@ use crate::mapping::native::{Rescaled, rescale};
 use crate::mapping::number::Factor;
 
 impl Mapper {
-    /// Rescales the histogram at `raw` by `factor` (a rule of pack `pack`); returns the
-    /// bytes to forward: rewritten ones in the histogram arena, or the input's.
+    /// Rescales the histogram `source` (from [`Mapper::histogram_source`]) by `factor`
+    /// (a rule of pack `pack`); returns the bytes to forward: rewritten ones in the
+    /// histogram arena, or `source`.
     pub(super) fn rescale_native(
         &mut self,
         buf: &[u8],
-        raw: Span,
+        source: Str,
         factor: Factor,
         pack: u16,
     ) -> Str {
+        let parsed = match source {
+            Str::In(span) => self
+                .native
+                .parse(buf, span.start as usize, span.end as usize),
+            Str::Arena(a, b) => self.native.parse(&self.hist_arena, a as usize, b as usize),
+        };
         // Decoding checked every field already; a failure here forwards it unchanged.
-        if self
-            .native
-            .parse(buf, raw.start as usize, raw.end as usize)
-            .is_err()
-        {
+        if parsed.is_err() {
             self.stats.native_unscaled += 1;
-            return Str::In(raw);
+            return source;
         }
         match rescale(&mut self.native, factor, &mut self.native_scratch) {
-            Rescaled::Stale => return Str::In(raw),
+            Rescaled::Stale => return source,
             Rescaled::Unscaled => {
                 self.stats.native_unscaled += 1;
-                return Str::In(raw);
+                return source;
             }
             Rescaled::Exact => self.stats.native_exact += 1,
             Rescaled::Rebucketed => {

@@ -2,6 +2,8 @@
 //! per-request arena, and the small index records of the merge area.
 
 use super::*;
+use crate::wire::decode::HistogramView;
+use crate::wire::pb::copy_without;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Str {
@@ -80,11 +82,31 @@ impl Mapper {
 
     /// A histogram's bytes: `Str::Arena` refers to the histogram arena.
     #[inline]
-    pub(super) fn hist_bytes<'a>(&'a self, h: &HistOut, buf: &'a [u8]) -> &'a [u8] {
-        match h.bytes {
+    pub(super) fn hist_bytes<'a>(&'a self, h: Str, buf: &'a [u8]) -> &'a [u8] {
+        match h {
             Str::In(span) => span.bytes(buf),
             Str::Arena(a, b) => &self.hist_arena[a as usize..b as usize],
         }
+    }
+
+    /// The bytes an input histogram goes on as: its own, or, for a 1.0 histogram with a
+    /// field 17 ([`HistogramView::foreign_field_17`]), a copy without that field in the
+    /// histogram arena.
+    pub(super) fn histogram_source(&mut self, buf: &[u8], h: &HistogramView) -> Str {
+        if !h.foreign_field_17 {
+            return Str::In(h.raw);
+        }
+        let start = self.hist_arena.len() as u32;
+        // The decoder walked every field of this histogram, so the copy does not fail;
+        // if it did, the fields copied so far are whole ones and still a valid message.
+        let _ = copy_without(
+            buf,
+            h.raw.start as usize,
+            h.raw.end as usize,
+            17,
+            &mut self.hist_arena,
+        );
+        Str::Arena(start, self.hist_arena.len() as u32)
     }
 
     pub(super) fn intern(&mut self, bytes: &[u8]) -> Str {

@@ -25,7 +25,8 @@ use super::DecodeError;
 use super::decode::short_eq;
 use super::decode_v2::{TYPE_COUNTER, TYPE_GAUGEHISTOGRAM, TYPE_HISTOGRAM, TYPE_SUMMARY};
 use super::pb::{
-    Reader, WIRE_LEN, WIRE_VARINT, put_bytes_field, put_key, put_varint, put_varint_at, varint_len,
+    Reader, WIRE_LEN, WIRE_VARINT, copy_without, put_bytes_field, put_key, put_varint,
+    put_varint_at, varint_len,
 };
 
 /// Field numbers of `io.prometheus.write.v2.Request`.
@@ -714,26 +715,6 @@ fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
         out[at] = prefix[0];
         out.splice(at + 1..at + 1, prefix[1..=n].iter().copied());
     }
-}
-
-/// Copies the message `buf[start..end]` into `out` without its field `drop`.
-fn copy_without(
-    buf: &[u8],
-    start: usize,
-    end: usize,
-    drop: u32,
-    out: &mut Vec<u8>,
-) -> Result<(), DecodeError> {
-    let mut r = Reader::new(buf, start, end);
-    while !r.is_done() {
-        let from = r.pos();
-        let (field, wire) = r.key()?;
-        r.skip(wire)?;
-        if field != drop {
-            out.extend_from_slice(&buf[from..r.pos()]);
-        }
-    }
-    Ok(())
 }
 
 /// Reusable buffers of [`strip_v2`].
