@@ -7,7 +7,8 @@
 //!
 //! Inputs are structure-aware (`arbitrary`-driven `WriteRequest`s with the metric and
 //! label names of the real payloads, stale markers, NaNs, native histograms, exemplars
-//! and metadata, encoded with the prost types) and byte-level mutations (bit flips,
+//! and metadata, encoded with the prost types, some with fields 1.0 does not define
+//! added to their messages) and byte-level mutations (bit flips,
 //! truncation, splices, varint corruption, length-field inflation, insertions) of real
 //! payloads: the synthetic fleet of `promnorm::testkit::fleet` and the dumps in
 //! `tests/golden/`. Input `i` of seed `s` is a pure function of `(s, i)`: a failure
@@ -15,7 +16,7 @@
 //!
 //! Checked for every input: no panic; errors are the typed `DecodeError` /
 //! `exposition::ParseError` with a message; the pipeline's output is a valid
-//! `WriteRequest`; the heap grown while handling one input stays within a bound relative
+//! `WriteRequest`, and encoded as 2.0 the same series (`Worker::check_output`); the heap grown while handling one input stays within a bound relative
 //! to the input's size (a counting allocator measures the peak).
 //!
 //! `fuzz_campaign` runs 10^6 inputs on two threads (the count is printed, and asserted in
@@ -448,6 +449,124 @@ fn generated(rng: &mut Rng, c: &Corpus) -> Vec<u8> {
     request(&mut u, c).unwrap_or_default().encode_to_vec()
 }
 
+/// The message types of the 1.0 schema, for [`with_unknown_fields`].
+#[derive(Clone, Copy)]
+enum Msg {
+    Request,
+    Series,
+    Label,
+    Sample,
+    Exemplar,
+    Histogram,
+    Span,
+    Metadata,
+}
+
+impl Msg {
+    /// The type of a length-delimited field that holds a message.
+    fn child(self, field: u64) -> Option<Msg> {
+        match (self, field) {
+            (Msg::Request, 1) => Some(Msg::Series),
+            (Msg::Request, 3) => Some(Msg::Metadata),
+            (Msg::Series, 1) | (Msg::Exemplar, 1) => Some(Msg::Label),
+            (Msg::Series, 2) => Some(Msg::Sample),
+            (Msg::Series, 3) => Some(Msg::Exemplar),
+            (Msg::Series, 4) => Some(Msg::Histogram),
+            (Msg::Histogram, 8 | 11) => Some(Msg::Span),
+            _ => None,
+        }
+    }
+
+    /// Field numbers 1.0 does not define in this message, first those 2.0 gives a
+    /// meaning to (where a field passed on as bytes would change meaning): 2.0's
+    /// `Request` symbols and series (4, 5), `TimeSeries` metadata and created timestamp
+    /// (5, 6), `Sample` and `Histogram` start timestamps (3, 17).
+    fn unknown_fields(self) -> &'static [u64] {
+        match self {
+            Msg::Request => &[4, 5, 2, 9],
+            Msg::Series => &[5, 6, 7],
+            Msg::Label | Msg::Span => &[3, 4],
+            Msg::Sample => &[3, 4],
+            Msg::Exemplar => &[4, 5],
+            Msg::Histogram => &[17, 18],
+            Msg::Metadata => &[3, 6],
+        }
+    }
+}
+
+/// Copies the 1.0 message `msg` of type `kind` into `out`, adding to each message (one in
+/// three) a field its type does not define, of any wire type. `None`: `msg` does not
+/// parse (the caller keeps it as it is).
+fn with_unknown_fields(rng: &mut Rng, msg: &[u8], kind: Msg, out: &mut Vec<u8>) -> Option<()> {
+    let mut at = 0;
+    while at < msg.len() {
+        let (key, n) = varint_at(msg, at)?;
+        out.extend_from_slice(&msg[at..at + n]);
+        at += n;
+        match key & 7 {
+            0 => {
+                let (_, n) = varint_at(msg, at)?;
+                out.extend_from_slice(&msg[at..at + n]);
+                at += n;
+            }
+            1 | 5 => {
+                let n = if key & 7 == 1 { 8 } else { 4 };
+                out.extend_from_slice(msg.get(at..at + n)?);
+                at += n;
+            }
+            2 => {
+                let (len, n) = varint_at(msg, at)?;
+                let body = msg.get(at + n..(at + n).checked_add(len as usize)?)?;
+                at += n + body.len();
+                match kind.child(key >> 3) {
+                    Some(child) => {
+                        let mut inner = Vec::new();
+                        with_unknown_fields(rng, body, child, &mut inner)?;
+                        put_varint(inner.len() as u64, out);
+                        out.extend_from_slice(&inner);
+                    }
+                    None => {
+                        put_varint(len, out);
+                        out.extend_from_slice(body);
+                    }
+                }
+            }
+            _ => return None,
+        }
+    }
+    if rng.chance(3) {
+        let fields = kind.unknown_fields();
+        let field = fields[rng.below(fields.len())];
+        let wire = [0u64, 1, 2, 5][rng.below(4)];
+        put_varint((field << 3) | wire, out);
+        match wire {
+            0 => {
+                let shift = rng.below(64);
+                put_varint(rng.next() >> shift, out);
+            }
+            1 => out.extend_from_slice(&rng.bytes(8)),
+            5 => out.extend_from_slice(&rng.bytes(4)),
+            _ => {
+                let len = rng.below(12);
+                let bytes = rng.bytes(len);
+                put_varint(bytes.len() as u64, out);
+                out.extend_from_slice(&bytes);
+            }
+        }
+    }
+    Some(())
+}
+
+/// `raw` with fields unknown to 1.0 added ([`with_unknown_fields`]), or as it is when it
+/// does not parse.
+fn unknown_fields_added(rng: &mut Rng, raw: Vec<u8>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + raw.len() / 4);
+    match with_unknown_fields(rng, &raw, Msg::Request, &mut out) {
+        Some(()) => out,
+        None => raw,
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Byte-level mutations.
 
@@ -804,8 +923,15 @@ fn run_one(w: &mut Worker, c: &Corpus, seed: u64, index: u64, t: &Tally) -> usiz
     let other = &c.raw[rng.below(c.raw.len())];
     match index % 10 {
         // Structure-aware requests.
-        0 | 1 => {
+        0 => {
             let raw = generated(&mut rng, c);
+            w.protobuf(&raw, &mut rng, t);
+            raw.len()
+        }
+        // Structure-aware, with fields 1.0 does not define (2.0's among them).
+        1 => {
+            let raw = generated(&mut rng, c);
+            let raw = unknown_fields_added(&mut rng, raw);
             w.protobuf(&raw, &mut rng, t);
             raw.len()
         }
@@ -823,6 +949,9 @@ fn run_one(w: &mut Worker, c: &Corpus, seed: u64, index: u64, t: &Tally) -> usiz
             } else {
                 c.raw[rng.below(c.raw.len())].clone()
             };
+            if rng.chance(8) {
+                raw = unknown_fields_added(&mut rng, raw);
+            }
             mutate(&mut rng, &mut raw, other);
             w.protobuf(&raw, &mut rng, t);
             raw.len()
