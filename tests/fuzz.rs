@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use arbitrary::Unstructured;
 use promnorm::app::Assemble;
 use promnorm::config::Config;
-use promnorm::pipeline::Pipeline;
+use promnorm::pipeline::{InputProtocol, Pipeline};
 use promnorm::wire::encode_v2::V2Encoder;
 use promnorm::wire::proto::prometheus as pb;
 use promnorm::wire::proto::write_v2 as v2;
@@ -449,6 +449,153 @@ fn generated(rng: &mut Rng, c: &Corpus) -> Vec<u8> {
     request(&mut u, c).unwrap_or_default().encode_to_vec()
 }
 
+/// The fields of the message `msg`: (number, wire type, payload of a length-delimited
+/// one); `None` when it does not parse.
+fn fields_of(msg: &[u8]) -> Option<Vec<(u64, u64, &[u8])>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < msg.len() {
+        let (key, n) = varint_at(msg, at)?;
+        at += n;
+        let payload_len = match key & 7 {
+            0 => varint_at(msg, at)?.1,
+            1 => 8,
+            5 => 4,
+            2 => {
+                let (len, n) = varint_at(msg, at)?;
+                at += n;
+                usize::try_from(len).ok()?
+            }
+            _ => return None,
+        };
+        let payload = msg.get(at..at.checked_add(payload_len)?)?;
+        out.push((key >> 3, key & 7, payload));
+        at += payload_len;
+    }
+    Some(out)
+}
+
+/// The length-delimited fields numbered `field` of `msg`.
+fn sub_messages(msg: &[u8], field: u64) -> Vec<&[u8]> {
+    fields_of(msg)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&(f, w, _)| f == field && w == 2)
+        .map(|(_, _, p)| p)
+        .collect()
+}
+
+/// Whether the 1.0 body `raw` has a sample with a field 3 or a native histogram with a
+/// field 17 (2.0's start timestamps).
+fn has_start_timestamp_fields(raw: &[u8]) -> bool {
+    let has = |msg: &[u8], field: u64| {
+        fields_of(msg)
+            .unwrap_or_default()
+            .iter()
+            .any(|&(f, _, _)| f == field)
+    };
+    sub_messages(raw, 1).into_iter().any(|series| {
+        sub_messages(series, 2).into_iter().any(|s| has(s, 3))
+            || sub_messages(series, 4).into_iter().any(|h| has(h, 17))
+    })
+}
+
+/// A 2.0 symbols table under construction ("" first).
+#[derive(Default)]
+struct Symbols {
+    list: Vec<String>,
+    index: std::collections::HashMap<String, u32>,
+}
+
+impl Symbols {
+    fn r(&mut self, s: &str) -> u32 {
+        if self.list.is_empty() {
+            self.list.push(String::new());
+            self.index.insert(String::new(), 0);
+        }
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.list.len() as u32;
+        self.list.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+
+    fn refs(&mut self, labels: &[pb::Label]) -> Vec<u32> {
+        labels
+            .iter()
+            .flat_map(|l| [self.r(&l.name), self.r(&l.value)])
+            .collect()
+    }
+}
+
+/// The structure-aware request `req` as a 2.0 sender could send it: its labels as
+/// references (as drawn: unsorted, duplicate or empty ones included), some series with
+/// the metadata of the request's entry for their name, some samples and histograms with
+/// a start timestamp.
+fn as_v2(rng: &mut Rng, req: &pb::WriteRequest) -> v2::Request {
+    let mut sym = Symbols::default();
+    sym.r("");
+    let start = |rng: &mut Rng, ts: i64| match rng.below(4) {
+        0 => ts.wrapping_sub(60_000),
+        1 => rng.next() as i64,
+        _ => 0,
+    };
+    let mut out = v2::Request::default();
+    for ts in &req.timeseries {
+        let name = ts
+            .labels
+            .iter()
+            .find(|l| l.name == "__name__")
+            .map_or("", |l| l.value.as_str());
+        let metadata = req
+            .metadata
+            .iter()
+            .find(|m| m.metric_family_name == name && rng.chance(2))
+            .map(|m| v2::Metadata {
+                r#type: m.r#type,
+                help_ref: sym.r(&m.help),
+                unit_ref: sym.r(&m.unit),
+            });
+        out.timeseries.push(v2::TimeSeries {
+            labels_refs: sym.refs(&ts.labels),
+            samples: ts
+                .samples
+                .iter()
+                .map(|s| v2::Sample {
+                    value: s.value,
+                    timestamp: s.timestamp,
+                    start_timestamp: start(rng, s.timestamp),
+                })
+                .collect(),
+            histograms: ts
+                .histograms
+                .iter()
+                .map(|h| {
+                    let mut h2 = v2::Histogram::decode(h.encode_to_vec().as_slice())
+                        .expect("1.0 histograms read as 2.0");
+                    h2.start_timestamp = start(rng, h.timestamp);
+                    h2
+                })
+                .collect(),
+            exemplars: ts
+                .exemplars
+                .iter()
+                .map(|e| v2::Exemplar {
+                    labels_refs: sym.refs(&e.labels),
+                    value: e.value,
+                    timestamp: e.timestamp,
+                })
+                .collect(),
+            metadata,
+            created_timestamp: 0,
+        });
+    }
+    out.symbols = sym.list;
+    out
+}
+
 /// The message types of the 1.0 schema, for [`with_unknown_fields`].
 #[derive(Clone, Copy)]
 enum Msg {
@@ -775,6 +922,9 @@ struct Tally {
     ok: AtomicU64,
     decode_errors: AtomicU64,
     parse_errors: AtomicU64,
+    /// Of `ok` and `decode_errors`: the 2.0 bodies.
+    v2_ok: AtomicU64,
+    v2_decode_errors: AtomicU64,
 }
 
 const TIGHT: DecodeLimits = DecodeLimits {
@@ -785,7 +935,9 @@ const TIGHT: DecodeLimits = DecodeLimits {
 };
 
 impl Worker<'_> {
-    fn check_output(&mut self) {
+    /// `v2_input`: the request came as 2.0, so samples and histograms may carry start
+    /// timestamps (kept in the mapped body, removed from the compressed 1.0 output).
+    fn check_output(&mut self, v2_input: bool) {
         let out = &self.ws.encoded;
         let v1 = match pb::WriteRequest::decode(out.as_slice()) {
             Ok(v1) => v1,
@@ -816,13 +968,16 @@ impl Worker<'_> {
             // (17), which no 1.0 input has (an unknown 1.0 field 17 must not become one).
             assert_eq!(b.histograms.len(), a.histograms.len(), "2.0 histograms");
             for (ha, hb) in a.histograms.iter().zip(&b.histograms) {
-                assert_eq!(hb.start_timestamp, 0, "2.0 histogram start timestamp");
+                assert!(
+                    v2_input || hb.start_timestamp == 0,
+                    "2.0 histogram start timestamp"
+                );
                 let hb = pb::Histogram::decode(hb.encode_to_vec().as_slice())
                     .expect("a 2.0 histogram reads as 1.0");
                 assert_eq!(hb.encode_to_vec(), ha.encode_to_vec(), "2.0 histogram");
             }
             assert!(
-                b.samples.iter().all(|s| s.start_timestamp == 0),
+                v2_input || b.samples.iter().all(|s| s.start_timestamp == 0),
                 "2.0 start timestamps"
             );
             assert_eq!(b.exemplars.len(), a.exemplars.len(), "2.0 exemplars");
@@ -832,10 +987,26 @@ impl Worker<'_> {
         let back = snap::raw::Decoder::new()
             .decompress_vec(compressed)
             .expect("compressed output decompresses");
-        assert_eq!(
-            &back, out,
-            "compressed output differs from the encoded output"
-        );
+        if v2_input {
+            // The same request to 1.0 readers, without the start timestamps that 1.0
+            // has no field for (as bytes they would stay, unknown, in histograms).
+            let back_v1 = pb::WriteRequest::decode(back.as_slice())
+                .expect("compressed output is a valid WriteRequest");
+            assert_eq!(
+                back_v1.encode_to_vec(),
+                v1.encode_to_vec(),
+                "compressed output differs from the encoded output"
+            );
+            assert!(
+                !has_start_timestamp_fields(&back),
+                "start timestamps in the 1.0 output"
+            );
+        } else {
+            assert_eq!(
+                &back, out,
+                "compressed output differs from the encoded output"
+            );
+        }
         // NHCB unrolled for 1.0 backends: a valid request too.
         if let Some((classic, _)) = self.ws.route_input().classic
             && let Err(e) = pb::WriteRequest::decode(classic)
@@ -857,13 +1028,40 @@ impl Worker<'_> {
         match r {
             Ok(_) => {
                 t.ok.fetch_add(1, Ordering::Relaxed);
-                self.check_output();
+                self.check_output(false);
                 if rng.chance(8) {
                     self.derived();
                 }
             }
             Err(e) => {
                 t.decode_errors.fetch_add(1, Ordering::Relaxed);
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+
+    /// A 2.0 body: (a) the 2.0 decoder alone, default and tight limits; (b) the
+    /// pipeline, its output checked as for 1.0 input.
+    fn protobuf_v2(&mut self, raw: &[u8], t: &Tally) {
+        for limits in [DecodeLimits::default(), TIGHT] {
+            if let Err(e) = self.decoded.decode_v2(raw, limits) {
+                assert!(!e.to_string().is_empty());
+            }
+        }
+        let compressed = snap::raw::Encoder::new().compress_vec(raw).unwrap();
+        match self
+            .h
+            .pipeline
+            .process_as(&mut self.ws, &compressed, InputProtocol::V2)
+        {
+            Ok(_) => {
+                t.ok.fetch_add(1, Ordering::Relaxed);
+                t.v2_ok.fetch_add(1, Ordering::Relaxed);
+                self.check_output(true);
+            }
+            Err(e) => {
+                t.decode_errors.fetch_add(1, Ordering::Relaxed);
+                t.v2_decode_errors.fetch_add(1, Ordering::Relaxed);
                 assert!(!e.to_string().is_empty());
             }
         }
@@ -892,7 +1090,7 @@ impl Worker<'_> {
         match self.h.pipeline.process(&mut self.ws, body) {
             Ok(_) => {
                 t.ok.fetch_add(1, Ordering::Relaxed);
-                self.check_output();
+                self.check_output(false);
             }
             Err(e) => {
                 t.decode_errors.fetch_add(1, Ordering::Relaxed);
@@ -935,11 +1133,20 @@ fn run_one(w: &mut Worker, c: &Corpus, seed: u64, index: u64, t: &Tally) -> usiz
             w.protobuf(&raw, &mut rng, t);
             raw.len()
         }
-        // Structure-aware, then mutated.
+        // Structure-aware, then mutated; or sent as 2.0, mutated one time in two.
         2 => {
             let mut raw = generated(&mut rng, c);
-            mutate(&mut rng, &mut raw, other);
-            w.protobuf(&raw, &mut rng, t);
+            if rng.chance(2) {
+                mutate(&mut rng, &mut raw, other);
+                w.protobuf(&raw, &mut rng, t);
+                return raw.len();
+            }
+            let req = pb::WriteRequest::decode(raw.as_slice()).unwrap_or_default();
+            let mut raw = as_v2(&mut rng, &req).encode_to_vec();
+            if rng.chance(2) {
+                mutate(&mut rng, &mut raw, other);
+            }
+            w.protobuf_v2(&raw, t);
             raw.len()
         }
         // Mutated real payloads (the full fleet request once in a while).
@@ -990,6 +1197,8 @@ struct Campaign {
     ok: u64,
     decode_errors: u64,
     parse_errors: u64,
+    v2_ok: u64,
+    v2_decode_errors: u64,
 }
 
 fn campaign(seed: u64, inputs: u64, threads: u64, only: Option<u64>) -> Campaign {
@@ -1054,6 +1263,8 @@ fn campaign(seed: u64, inputs: u64, threads: u64, only: Option<u64>) -> Campaign
         ok: t.ok.load(Ordering::Relaxed),
         decode_errors: t.decode_errors.load(Ordering::Relaxed),
         parse_errors: t.parse_errors.load(Ordering::Relaxed),
+        v2_ok: t.v2_ok.load(Ordering::Relaxed),
+        v2_decode_errors: t.v2_decode_errors.load(Ordering::Relaxed),
     }
 }
 
@@ -1067,7 +1278,7 @@ fn run_campaign(default_inputs: u64) {
     let inputs = env_u64("PROMNORM_FUZZ_INPUTS").unwrap_or(default_inputs);
     let r = campaign(seed, inputs, 2, only);
     println!(
-        "fuzz: seed {seed:#x}: {} inputs in {:.1?} ({:.0}/s, 2 threads; {} build): {} pipeline runs ok, {} typed decode errors, {} typed parse errors",
+        "fuzz: seed {seed:#x}: {} inputs in {:.1?} ({:.0}/s, 2 threads; {} build): {} pipeline runs ok ({} of 2.0 bodies), {} typed decode errors ({} of 2.0 bodies), {} typed parse errors",
         r.inputs,
         r.elapsed,
         r.inputs as f64 / r.elapsed.as_secs_f64(),
@@ -1077,12 +1288,18 @@ fn run_campaign(default_inputs: u64) {
             "release"
         },
         r.ok,
+        r.v2_ok,
         r.decode_errors,
+        r.v2_decode_errors,
         r.parse_errors
     );
     if only.is_none() {
         assert_eq!(r.inputs, inputs, "every input ran");
         assert!(r.ok > 0 && r.decode_errors > 0 && r.parse_errors > 0);
+        assert!(
+            r.v2_ok > 0 && r.v2_decode_errors > 0,
+            "2.0 bodies both pass and fail"
+        );
     }
 }
 
