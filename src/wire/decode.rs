@@ -165,7 +165,9 @@ pub struct DecodedRequest {
     pub metadata: Vec<MetadataView>,
     /// The request was remote-write 2.0.
     pub v2: bool,
-    /// Some sample or histogram carries a start timestamp (2.0 only).
+    /// Some sample carries a start timestamp, or some histogram a start timestamp field
+    /// (even 0, since histograms are forwarded as their bytes); 2.0 only. The 1.0
+    /// output is then written without them.
     pub has_start_timestamps: bool,
     /// Some native histogram has custom buckets (NHCB, schema -53).
     pub has_nhcb: bool,

@@ -269,8 +269,10 @@ impl DecodedRequest {
                 3 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.histograms")?;
                     let (s, e) = r.len_delimited()?;
-                    let (timestamp, start_ts, schema) = decode_histogram_v2(buf, s, e)?;
-                    self.has_start_timestamps |= start_ts != 0;
+                    let (timestamp, start_field, schema) = decode_histogram_v2(buf, s, e)?;
+                    // Its bytes are forwarded: a start timestamp field, even 0, must be
+                    // cut out for 1.0 backends.
+                    self.has_start_timestamps |= start_field;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
@@ -666,17 +668,17 @@ fn decode_sample_v2(buf: &[u8], start: usize, end: usize) -> Result<SampleView, 
 }
 
 /// Walks a 2.0 native histogram, checking every known field's wire type and packed
-/// contents (its bytes are forwarded, so they must be what a receiver can decode); returns its timestamp and
-/// start timestamp and schema. Its bytes are a valid 1.0 `Histogram` (same field numbers;
-/// a 1.0 receiver skips `start_timestamp`, field 17, which promnorm removes for 1.0
-/// backends).
+/// contents (its bytes are forwarded, so they must be what a receiver can decode); returns
+/// its timestamp, whether it has a `start_timestamp` field (17, whatever its value), and
+/// its schema. Its bytes are a valid 1.0 `Histogram` (same field numbers; a 1.0 receiver
+/// skips field 17, which promnorm removes for 1.0 backends).
 fn decode_histogram_v2(
     buf: &[u8],
     start: usize,
     end: usize,
-) -> Result<(i64, i64, i32), DecodeError> {
+) -> Result<(i64, bool, i32), DecodeError> {
     let mut timestamp = 0i64;
-    let mut start_ts = 0i64;
+    let mut start_field = false;
     let mut schema = 0i32;
     let mut r = Reader::new(buf, start, end);
     while !r.is_done() {
@@ -688,7 +690,8 @@ fn decode_histogram_v2(
             }
             17 => {
                 r.expect(wire, WIRE_VARINT, "Histogram.start_timestamp")?;
-                start_ts = r.varint()? as i64;
+                r.varint()?;
+                start_field = true;
             }
             4 => {
                 r.expect(wire, WIRE_VARINT, "Histogram.schema")?;
@@ -734,7 +737,7 @@ fn decode_histogram_v2(
             _ => r.skip(wire)?,
         }
     }
-    Ok((timestamp, start_ts, schema))
+    Ok((timestamp, start_field, schema))
 }
 
 /// A length-delimited field with key `key` at `msg[p..]` whose length takes one or two

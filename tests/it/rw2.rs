@@ -194,6 +194,49 @@ fn a_one_zero_sample_field_unknown_to_one_zero_is_not_passed_on() {
     }
 }
 
+/// A 2.0 histogram's `start_timestamp` field present with the value 0 (written once, or
+/// last after another value): the histogram's bytes go on as they are, so the field must
+/// still be cut out of the 1.0 output, which has no such field. Found in review: only a
+/// non-zero value used to mark the request for that.
+#[test]
+fn a_two_zero_histogram_start_timestamp_of_zero_is_cut_from_one_zero() {
+    let p = plain_pipeline();
+    let hist = native_histogram(1000, 0, 8).encode_to_vec();
+    for extra in [
+        &[0x88, 0x01, 0x00][..],
+        &[0x88, 0x01, 0x05, 0x88, 0x01, 0x00],
+    ] {
+        let hist = [hist.as_slice(), extra].concat();
+        // labels_refs [1, 2] (packed), then the histogram (field 3).
+        let mut series = vec![0x0a, 2, 1, 2, 0x1a];
+        prost::encoding::encode_varint(hist.len() as u64, &mut series);
+        series.extend_from_slice(&hist);
+        let mut body = Vec::new();
+        for symbol in ["", "__name__", "x"] {
+            body.push(0x22);
+            body.push(symbol.len() as u8);
+            body.extend_from_slice(symbol.as_bytes());
+        }
+        body.push(0x2a);
+        prost::encoding::encode_varint(series.len() as u64, &mut body);
+        body.extend_from_slice(&series);
+        let mut ws = p.take_workspace();
+        p.process_raw_as(&mut ws, &body, InputProtocol::V2)
+            .expect("a valid 2.0 request");
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(ws.compressed())
+            .unwrap();
+        let v1 = pb::WriteRequest::decode(raw.as_slice()).unwrap();
+        assert_eq!(v1.timeseries[0].histograms.len(), 1);
+        assert_eq!(
+            v1.encode_to_vec(),
+            raw,
+            "only 1.0 fields in the 1.0 body: {extra:?}"
+        );
+        p.return_workspace(ws);
+    }
+}
+
 fn histogram_request() -> v2::Request {
     let mut sym = Symbols::default();
     let native = sym.refs(&[("__name__", "rpc_latency_seconds"), ("job", "api")]);
