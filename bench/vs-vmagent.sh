@@ -3,7 +3,8 @@
 # null sink, each system pinned to one core (BENCHMARKS.md). Everything comes from this
 # repository: promnorm-bench (src/bin/promnorm-bench.rs) is the load generator (core 0),
 # the null sink (in the same process) and the runner; only vmagent comes from Debian
-# (bench/lib.sh fetches it when missing). Cases run interleaved, RUNS times each, every
+# (bench/lib.sh fetches it when missing). Cases run interleaved, RUNS times each (each
+# round starting one case further on), every
 # run with a fresh SUT, 5 s warm-up, then DURATION_S measured.
 #
 # Usage: bench/vs-vmagent.sh [RUNS] [DURATION_S]; one JSON line per run in
@@ -49,18 +50,36 @@ promnorm_queue_case() { # name config
     "sh -c 'sed -e s#SINK_URL#{sink_url}# -e s#QUEUE_DIR#{tmp}/queue# $PWD/$2 >{tmp}/promnorm.yaml && exec $PROMNORM serve --config {tmp}/promnorm.yaml --listen 127.0.0.1:{port}'"
 }
 
-# Interleaved, one run of every case per round, so that drift of the machine hits all alike.
-for _ in $(seq "$RUNS"); do
-  case_run vmagent-relabel "${vmagent_in[@]}" \
-    --sut-cmd "$VMAGENT $vmagent_cmd -remoteWrite.urlRelabelConfig=$PWD/bench/vmagent-relabel.yml"
-  promnorm_case promnorm-all-packs bench/all-packs.yaml
-  promnorm_case promnorm-all-packs-rw2 bench/all-packs.yaml --proto 2
-  promnorm_queue_case promnorm-all-packs-memory-queue bench/all-packs-memory-queue.yaml
-  promnorm_queue_case promnorm-all-packs-disk-queue bench/all-packs-disk-queue.yaml
-  promnorm_queue_case promnorm-all-packs-rw2-out bench/all-packs-rw2-out.yaml
-  promnorm_queue_case promnorm-all-packs-tenancy bench/all-packs-tenancy.yaml
-  case_run vmagent-passthrough "${vmagent_in[@]}" --sut-cmd "$VMAGENT $vmagent_cmd"
-  promnorm_case promnorm-passthrough bench/passthrough.yaml
+NAMES=(vmagent-relabel promnorm-all-packs promnorm-all-packs-rw2
+  promnorm-all-packs-memory-queue promnorm-all-packs-disk-queue promnorm-all-packs-rw2-out
+  promnorm-all-packs-tenancy vmagent-passthrough promnorm-passthrough)
+run_case() { # name
+  case $1 in
+  vmagent-relabel)
+    case_run vmagent-relabel "${vmagent_in[@]}" \
+      --sut-cmd "$VMAGENT $vmagent_cmd -remoteWrite.urlRelabelConfig=$PWD/bench/vmagent-relabel.yml"
+    ;;
+  promnorm-all-packs) promnorm_case "$1" bench/all-packs.yaml ;;
+  promnorm-all-packs-rw2) promnorm_case "$1" bench/all-packs.yaml --proto 2 ;;
+  promnorm-all-packs-memory-queue) promnorm_queue_case "$1" bench/all-packs-memory-queue.yaml ;;
+  promnorm-all-packs-disk-queue) promnorm_queue_case "$1" bench/all-packs-disk-queue.yaml ;;
+  promnorm-all-packs-rw2-out) promnorm_queue_case "$1" bench/all-packs-rw2-out.yaml ;;
+  promnorm-all-packs-tenancy) promnorm_queue_case "$1" bench/all-packs-tenancy.yaml ;;
+  vmagent-passthrough) case_run vmagent-passthrough "${vmagent_in[@]}" --sut-cmd "$VMAGENT $vmagent_cmd" ;;
+  promnorm-passthrough) promnorm_case "$1" bench/passthrough.yaml ;;
+  esac
+}
+selected=()
+for name in "${NAMES[@]}"; do
+  if want "$name"; then selected+=("$name"); fi
+done
+# Interleaved, one run of every case per round, so that drift of the machine hits all
+# alike; each round starts one case further on, so that no case always runs in the same
+# place (on a machine slowing down within rounds, the last case would always lose).
+for ((round = 0; round < RUNS; round++)); do
+  for ((k = 0; k < ${#selected[@]}; k++)); do
+    run_case "${selected[(round + k) % ${#selected[@]}]}"
+  done
 done
 "$BENCH" report "$RESULTS"
 echo "results: $RESULTS"
