@@ -16,8 +16,9 @@
 //!
 //! Checked for every input: no panic; errors are the typed `DecodeError` /
 //! `exposition::ParseError` with a message; the pipeline's output is a valid
-//! `WriteRequest`, and encoded as 2.0 the same series (`Worker::check_output`); the heap grown while handling one input stays within a bound relative
-//! to the input's size (a counting allocator measures the peak).
+//! `WriteRequest`, and encoded as 2.0 the same series (`Worker::check_output`); the heap
+//! grown while handling one input stays within a bound relative to the input's size (a
+//! counting allocator measures the peak).
 //!
 //! `fuzz_campaign` runs 10^6 inputs on two threads (the count is printed, and asserted in
 //! release builds; debug builds run 10^5 unless `PROMNORM_FUZZ_INPUTS` says otherwise);
@@ -441,16 +442,21 @@ fn labels_small(u: &mut Unstructured) -> arbitrary::Result<Vec<pb::Label>> {
     }])
 }
 
-fn generated(rng: &mut Rng, c: &Corpus) -> Vec<u8> {
+fn generated_request(rng: &mut Rng, c: &Corpus) -> pb::WriteRequest {
     let n = 256 + rng.below(768);
     let seed_bytes = rng.bytes(n);
     let mut u = Unstructured::new(&seed_bytes);
     // Running out of bytes ends the request early: still a valid request.
-    request(&mut u, c).unwrap_or_default().encode_to_vec()
+    request(&mut u, c).unwrap_or_default()
 }
 
-/// The fields of the message `msg`: (number, wire type, payload of a length-delimited
-/// one); `None` when it does not parse.
+fn generated(rng: &mut Rng, c: &Corpus) -> Vec<u8> {
+    generated_request(rng, c).encode_to_vec()
+}
+
+/// The fields of the message `msg`: (number, wire type, payload: a varint's bytes, a
+/// fixed-size value, or what a length-delimited field holds); `None` when it does not
+/// parse.
 fn fields_of(msg: &[u8]) -> Option<Vec<(u64, u64, &[u8])>> {
     let mut out = Vec::new();
     let mut at = 0;
@@ -509,10 +515,6 @@ struct Symbols {
 
 impl Symbols {
     fn r(&mut self, s: &str) -> u32 {
-        if self.list.is_empty() {
-            self.list.push(String::new());
-            self.index.insert(String::new(), 0);
-        }
         if let Some(&i) = self.index.get(s) {
             return i;
         }
@@ -645,40 +647,21 @@ impl Msg {
 /// three) a field its type does not define, of any wire type. `None`: `msg` does not
 /// parse (the caller keeps it as it is).
 fn with_unknown_fields(rng: &mut Rng, msg: &[u8], kind: Msg, out: &mut Vec<u8>) -> Option<()> {
-    let mut at = 0;
-    while at < msg.len() {
-        let (key, n) = varint_at(msg, at)?;
-        out.extend_from_slice(&msg[at..at + n]);
-        at += n;
-        match key & 7 {
-            0 => {
-                let (_, n) = varint_at(msg, at)?;
-                out.extend_from_slice(&msg[at..at + n]);
-                at += n;
+    for (field, wire, payload) in fields_of(msg)? {
+        put_varint((field << 3) | wire, out);
+        match (wire, kind.child(field)) {
+            (2, Some(child)) => {
+                let mut inner = Vec::new();
+                with_unknown_fields(rng, payload, child, &mut inner)?;
+                put_varint(inner.len() as u64, out);
+                out.extend_from_slice(&inner);
             }
-            1 | 5 => {
-                let n = if key & 7 == 1 { 8 } else { 4 };
-                out.extend_from_slice(msg.get(at..at + n)?);
-                at += n;
+            (2, None) => {
+                put_varint(payload.len() as u64, out);
+                out.extend_from_slice(payload);
             }
-            2 => {
-                let (len, n) = varint_at(msg, at)?;
-                let body = msg.get(at + n..(at + n).checked_add(len as usize)?)?;
-                at += n + body.len();
-                match kind.child(key >> 3) {
-                    Some(child) => {
-                        let mut inner = Vec::new();
-                        with_unknown_fields(rng, body, child, &mut inner)?;
-                        put_varint(inner.len() as u64, out);
-                        out.extend_from_slice(&inner);
-                    }
-                    None => {
-                        put_varint(len, out);
-                        out.extend_from_slice(body);
-                    }
-                }
-            }
-            _ => return None,
+            // A varint's own bytes, or a fixed-size value.
+            _ => out.extend_from_slice(payload),
         }
     }
     if rng.chance(3) {
@@ -1135,13 +1118,13 @@ fn run_one(w: &mut Worker, c: &Corpus, seed: u64, index: u64, t: &Tally) -> usiz
         }
         // Structure-aware, then mutated; or sent as 2.0, mutated one time in two.
         2 => {
-            let mut raw = generated(&mut rng, c);
+            let req = generated_request(&mut rng, c);
             if rng.chance(2) {
+                let mut raw = req.encode_to_vec();
                 mutate(&mut rng, &mut raw, other);
                 w.protobuf(&raw, &mut rng, t);
                 return raw.len();
             }
-            let req = pb::WriteRequest::decode(raw.as_slice()).unwrap_or_default();
             let mut raw = as_v2(&mut rng, &req).encode_to_vec();
             if rng.chance(2) {
                 mutate(&mut rng, &mut raw, other);

@@ -900,7 +900,7 @@ fn decode_histogram_timestamp(
                 r.expect(wire, WIRE_I64, "Histogram counts")?;
                 r.fixed64()?;
             }
-            17 => {
+            super::histogram::START_TIMESTAMP_FIELD => {
                 field_17 = true;
                 r.skip(wire)?;
             }

@@ -688,7 +688,7 @@ fn decode_histogram_v2(
                 r.expect(wire, WIRE_VARINT, "Histogram.timestamp")?;
                 timestamp = r.varint()? as i64;
             }
-            17 => {
+            super::histogram::START_TIMESTAMP_FIELD => {
                 r.expect(wire, WIRE_VARINT, "Histogram.start_timestamp")?;
                 r.varint()?;
                 start_field = true;

@@ -9,6 +9,9 @@ use super::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT, put_key, put_varint, va
 /// The schema of native histograms with custom bucket bounds (NHCB).
 pub const CUSTOM_BUCKETS_SCHEMA: i32 = -53;
 
+/// 2.0's `Histogram.start_timestamp`; 1.0 has no field of this number.
+pub const START_TIMESTAMP_FIELD: u32 = 17;
+
 /// A bucket span: `offset` from the previous span's end (the first: the absolute index),
 /// `length` buckets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -119,7 +122,7 @@ impl NativeHistogram {
                 }
                 (14, WIRE_VARINT) => self.reset_hint = r.varint()?,
                 (15, WIRE_VARINT) => self.timestamp = r.varint()? as i64,
-                (17, WIRE_VARINT) => self.start_timestamp = r.varint()? as i64,
+                (START_TIMESTAMP_FIELD, WIRE_VARINT) => self.start_timestamp = r.varint()? as i64,
                 (1..=17, _) => return Err(DecodeError::UnexpectedWireType("Histogram", wire)),
                 _ => r.skip(wire)?,
             }
@@ -171,7 +174,7 @@ impl NativeHistogram {
         }
         put_doubles(out, 16, &self.custom_values);
         if self.start_timestamp != 0 {
-            put_key(out, 17, WIRE_VARINT);
+            put_key(out, START_TIMESTAMP_FIELD, WIRE_VARINT);
             put_varint(out, self.start_timestamp as u64);
         }
     }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::wire::decode::HistogramView;
+use crate::wire::histogram::START_TIMESTAMP_FIELD;
 use crate::wire::pb::copy_without;
 
 #[derive(Clone, Copy, Debug)]
@@ -103,7 +104,7 @@ impl Mapper {
             buf,
             h.raw.start as usize,
             h.raw.end as usize,
-            17,
+            START_TIMESTAMP_FIELD,
             &mut self.hist_arena,
         );
         Str::Arena(start, self.hist_arena.len() as u32)

@@ -749,7 +749,7 @@ pub fn strip_v2(
             let (f, w) = sr.key()?;
             let drop = match (f, w) {
                 (2, WIRE_LEN) => 3,
-                (4, WIRE_LEN) => 17,
+                (4, WIRE_LEN) => super::histogram::START_TIMESTAMP_FIELD,
                 _ => 0,
             };
             if drop == 0 {
