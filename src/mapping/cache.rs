@@ -1,7 +1,8 @@
 //! The mapper's per-worker caches of things computed once per metric name (plans for
 //! names that prefix or regex rules match, metadata plans, `le` styles, `_total` fix
 //! plans). Bounded: a sender with unbounded name churn makes a cache start over, never
-//! grow without limit; a warm cache costs one hash lookup and no allocation.
+//! grow without limit; a warm cache costs one hash lookup and no allocation. Keyed by the
+//! name's bytes, as they stand in the request: a lookup converts nothing to `str`.
 
 use ahash::AHashMap;
 
@@ -9,7 +10,7 @@ use ahash::AHashMap;
 pub const NAME_CACHE_LIMIT: usize = 100_000;
 
 pub struct NameCache<V> {
-    map: AHashMap<Box<str>, V>,
+    map: AHashMap<Box<[u8]>, V>,
     limit: usize,
 }
 
@@ -23,12 +24,12 @@ impl<V> Default for NameCache<V> {
 }
 
 impl<V: Clone> NameCache<V> {
-    pub fn get(&self, name: &str) -> Option<&V> {
+    pub fn get(&self, name: &[u8]) -> Option<&V> {
         self.map.get(name)
     }
 
     /// The cached value for `name`, computed by `make` (and cached) on first sight.
-    pub fn get_or_insert_with(&mut self, name: &str, make: impl FnOnce() -> V) -> V {
+    pub fn get_or_insert_with(&mut self, name: &[u8], make: impl FnOnce() -> V) -> V {
         if let Some(v) = self.map.get(name) {
             return v.clone();
         }
@@ -38,7 +39,7 @@ impl<V: Clone> NameCache<V> {
     }
 
     /// Caches `value` for `name`; a full cache starts over first.
-    pub fn insert(&mut self, name: &str, value: V) {
+    pub fn insert(&mut self, name: &[u8], value: V) {
         if self.map.len() >= self.limit {
             self.map.clear();
         }
@@ -69,12 +70,12 @@ mod tests {
             map: AHashMap::new(),
             limit: 3,
         };
-        for (i, n) in ["a", "b", "c"].iter().enumerate() {
+        for (i, n) in [b"a", b"b", b"c"].into_iter().enumerate() {
             assert_eq!(c.get_or_insert_with(n, || i as u32), i as u32);
         }
         assert_eq!(c.len(), 3);
-        assert_eq!(c.get_or_insert_with("a", || 99), 0, "cached");
-        assert_eq!(c.get_or_insert_with("d", || 7), 7);
+        assert_eq!(c.get_or_insert_with(b"a", || 99), 0, "cached");
+        assert_eq!(c.get_or_insert_with(b"d", || 7), 7);
         assert_eq!(c.len(), 1, "started over instead of growing");
     }
 }

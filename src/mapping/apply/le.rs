@@ -38,13 +38,13 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
     ) -> FloatStyle {
-        let name = s.name.str(buf);
+        let name = s.name.bytes(buf);
         if let Some(st) = self.le_styles.get(name) {
             return *st;
         }
         let mut found = None;
         for other in &req.series {
-            if other.name.bytes(buf) != name.as_bytes() {
+            if other.name.bytes(buf) != name {
                 continue;
             }
             for l in &req.labels[other.labels.usize()] {

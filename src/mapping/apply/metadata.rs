@@ -70,7 +70,7 @@ impl Mapper {
 
     /// The plan that gives `name` the suffix `_total` (cached per name).
     fn total_fix_plan(&mut self, name: &str) -> Resolved {
-        if let Some(p) = self.total_fix_plans.get(name) {
+        if let Some(p) = self.total_fix_plans.get(name.as_bytes()) {
             return Resolved::Plan(p.clone());
         }
         let plan = Arc::new(Plan {
@@ -87,7 +87,7 @@ impl Mapper {
             copies: Vec::new(),
             ..Plan::default()
         });
-        self.total_fix_plans.insert(name, plan.clone());
+        self.total_fix_plans.insert(name.as_bytes(), plan.clone());
         Resolved::Plan(plan)
     }
 
@@ -104,8 +104,9 @@ impl Mapper {
             let plan = if rules.exact_name_count() == 0 && !rules.needs_pattern_lookup() {
                 None
             } else {
-                self.meta_cache
-                    .get_or_insert_with(family, || rules.metadata_plan(family).map(Arc::new))
+                self.meta_cache.get_or_insert_with(family.as_bytes(), || {
+                    rules.metadata_plan(family).map(Arc::new)
+                })
             };
             // COUNTER (1) families no pack knows, written without `_total`: learn them.
             if learn_counters
@@ -192,8 +193,12 @@ fn write_input_metadata(out: &mut Vec<u8>, md: &crate::wire::decode::MetadataVie
 impl Mapper {
     /// The metadata `_total` fix for a 2.0 series whose own metadata says COUNTER: no
     /// learning across requests needed. Same conditions as for learnt families.
-    pub(super) fn series_total_fix(&mut self, s: &SeriesView, name: &str) -> Option<Resolved> {
-        if s.metric_type != crate::wire::decode_v2::TYPE_COUNTER || name.ends_with("_total") {
+    pub(super) fn series_total_fix(&mut self, s: &SeriesView, buf: &[u8]) -> Option<Resolved> {
+        if s.metric_type != crate::wire::decode_v2::TYPE_COUNTER {
+            return None;
+        }
+        let name = s.name.str(buf);
+        if name.ends_with("_total") {
             return None;
         }
         Some(self.total_fix_plan(name))

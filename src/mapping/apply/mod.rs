@@ -131,12 +131,12 @@ impl Mapper {
         for s in &req.series {
             let name_bytes = s.name.bytes(buf);
             if !matches!(&last, Some((prev, _)) if *prev == name_bytes) {
-                last = Some((name_bytes, self.resolve(rules, s.name.str(buf))));
+                last = Some((name_bytes, self.resolve(rules, name_bytes)));
             }
             let resolved = last.as_ref().and_then(|(_, r)| r.as_ref());
             let resolution = match resolved {
                 None if ctx.counters.is_some() => {
-                    fixed = self.series_total_fix(s, s.name.str(buf));
+                    fixed = self.series_total_fix(s, buf);
                     fixed.as_ref()
                 }
                 r => r,
@@ -273,11 +273,13 @@ impl Mapper {
     }
 
     /// What the rules do with series named `name`: memoised per name.
-    fn resolve(&mut self, rules: &Rules, name: &str) -> Option<Resolved> {
+    /// The resolution of the series name `name` (its bytes as they stand in the request:
+    /// a warm lookup converts nothing; decoding checked them UTF-8).
+    fn resolve(&mut self, rules: &Rules, name: &[u8]) -> Option<Resolved> {
         if let Some(r) = self.resolved.get(name) {
             return r.clone();
         }
-        let r = self.resolve_uncached(rules, name);
+        let r = self.resolve_uncached(rules, std::str::from_utf8(name).unwrap_or(""));
         self.resolved.insert(name, r.clone());
         r
     }
