@@ -27,14 +27,38 @@ fn register_at_zero() {
 /// Labelled counters whose label values are known from the configuration exist from
 /// start-up, at 0: drops per configured reason, renames and rescales per pack, derived
 /// samples per derived series.
-pub fn register_pipeline(rules: &Rules, derived_series: impl Iterator<Item = &'static str>) {
-    for reason in rules.reasons() {
-        metrics::counter!(SAMPLES_DROPPED, "reason" => reason.clone()).increment(0);
+pub fn register_pipeline(
+    rules: &Rules,
+    derived_series: impl Iterator<Item = &'static str>,
+) -> MapMetrics {
+    // The recorder first: a handle taken before it is installed counts nowhere.
+    metrics_handle();
+    let per_pack = |name: &'static str| -> Vec<metrics::Counter> {
+        rules
+            .packs()
+            .iter()
+            .map(|pack| metrics::counter!(name, "pack" => pack.name.clone()))
+            .collect()
+    };
+    let map = MapMetrics {
+        dropped: rules
+            .reasons()
+            .iter()
+            .map(|reason| metrics::counter!(SAMPLES_DROPPED, "reason" => reason.clone()))
+            .collect(),
+        renamed: per_pack(SERIES_RENAMED),
+        rescaled: per_pack(SERIES_RESCALED),
+        rebucketed: per_pack(NATIVE_REBUCKETED),
+        total_fixes: metrics::counter!(SERIES_RENAMED, "pack" => "metadata_total_fix"),
+        collisions: metrics::counter!(SERIES_COLLISIONS),
+        native_unscaled: metrics::counter!(NATIVE_UNSCALED),
+    };
+    // Every pack's and reason's series from the start, at zero.
+    for c in map.dropped.iter().chain(&map.renamed).chain(&map.rescaled) {
+        c.increment(0);
     }
-    for pack in rules.packs() {
-        metrics::counter!(SERIES_RENAMED, "pack" => pack.name.clone()).increment(0);
-        metrics::counter!(SERIES_RESCALED, "pack" => pack.name.clone()).increment(0);
-        metrics::counter!(NATIVE_REBUCKETED, "pack" => pack.name.clone()).increment(0);
+    for c in &map.rebucketed {
+        c.increment(0);
     }
     for series in derived_series {
         metrics::counter!(DERIVED_SAMPLES, "series" => series).increment(0);
@@ -45,6 +69,22 @@ pub fn register_pipeline(rules: &Rules, derived_series: impl Iterator<Item = &'s
     for reason in THROTTLE_REASONS {
         metrics::counter!(REQUESTS_THROTTLED, "reason" => *reason).increment(0);
     }
+    map
+}
+
+/// The mapping stage's counters for one set of rules, made with them (a reload makes new
+/// ones): a request counts through these handles, without building a label or looking
+/// the series up per counter (a few dozen lookups a request with every pack on).
+pub struct MapMetrics {
+    /// By [`Rules::reasons`] index.
+    dropped: Vec<metrics::Counter>,
+    /// By [`Rules::packs`] index.
+    renamed: Vec<metrics::Counter>,
+    rescaled: Vec<metrics::Counter>,
+    rebucketed: Vec<metrics::Counter>,
+    total_fixes: metrics::Counter,
+    collisions: metrics::Counter,
+    native_unscaled: metrics::Counter,
 }
 
 /// The standard `process_*` metrics (as Prometheus' client libraries write them), read
@@ -725,41 +765,26 @@ pub fn derived_state(s: &DerivedState) {
 }
 
 /// Adds one request's mapping counts to the global counters.
-pub fn record_map_stats(rules: &Rules, stats: &MapStats) {
-    for (i, n) in stats.dropped.iter().enumerate() {
-        if *n > 0
-            && let Some(reason) = rules.reasons().get(i)
-        {
-            metrics::counter!(SAMPLES_DROPPED, "reason" => reason.clone()).increment(*n);
+pub fn record_map_stats(rules: &Rules, counters: &MapMetrics, stats: &MapStats) {
+    let add = |handles: &[metrics::Counter], counts: &[u64]| {
+        for (c, &n) in handles.iter().zip(counts) {
+            if n > 0 {
+                c.increment(n);
+            }
         }
-    }
-    for (i, n) in stats.renamed.iter().enumerate() {
-        if *n > 0 {
-            metrics::counter!(SERIES_RENAMED, "pack" => rules.packs()[i].name.clone())
-                .increment(*n);
-        }
-    }
-    for (i, n) in stats.rescaled.iter().enumerate() {
-        if *n > 0 {
-            metrics::counter!(SERIES_RESCALED, "pack" => rules.packs()[i].name.clone())
-                .increment(*n);
-        }
-    }
+    };
+    add(&counters.dropped, &stats.dropped);
+    add(&counters.renamed, &stats.renamed);
+    add(&counters.rescaled, &stats.rescaled);
+    add(&counters.rebucketed, &stats.native_rebucketed);
     if stats.collisions > 0 {
-        metrics::counter!(SERIES_COLLISIONS).increment(stats.collisions);
+        counters.collisions.increment(stats.collisions);
     }
     if stats.metadata_total_fixes > 0 {
-        metrics::counter!(SERIES_RENAMED, "pack" => "metadata_total_fix")
-            .increment(stats.metadata_total_fixes);
+        counters.total_fixes.increment(stats.metadata_total_fixes);
     }
     if stats.native_unscaled > 0 {
-        metrics::counter!(NATIVE_UNSCALED).increment(stats.native_unscaled);
-    }
-    for (i, n) in stats.native_rebucketed.iter().enumerate() {
-        if *n > 0 {
-            metrics::counter!(NATIVE_REBUCKETED, "pack" => rules.packs()[i].name.clone())
-                .increment(*n);
-        }
+        counters.native_unscaled.increment(stats.native_unscaled);
     }
     if !stats.renames.is_empty() {
         let now_ms = std::time::SystemTime::now()

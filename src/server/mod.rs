@@ -30,6 +30,8 @@ use crate::telemetry;
 
 pub struct AppState {
     pub pipeline: Pipeline,
+    /// The mapping stage's counters for the pipeline's rules.
+    pub map_metrics: telemetry::MapMetrics,
     pub forwarder: Arc<Forwarder>,
     /// Flush interval of the derived-series writer.
     pub derived_flush: Duration,
@@ -74,7 +76,7 @@ impl AppState {
     /// The state around a built pipeline and forwarder (see `app::build`).
     pub fn new(pipeline: Pipeline, forwarder: Forwarder, opts: ServerOptions) -> AppState {
         telemetry::metrics_handle();
-        telemetry::register_pipeline(
+        let map_metrics = telemetry::register_pipeline(
             pipeline.rules(),
             pipeline
                 .deriver()
@@ -83,6 +85,7 @@ impl AppState {
         );
         AppState {
             pipeline,
+            map_metrics,
             forwarder: Arc::new(forwarder),
             derived_flush: opts.derived_flush,
             derived_stop: Arc::new(Notify::new()),
@@ -581,7 +584,7 @@ fn process(
         .map_decoded(&mut ws)
         .map_err(IngestError::Invalid)?;
     let stats = st.pipeline.stats(&ws);
-    telemetry::record_map_stats(st.pipeline.rules(), stats);
+    telemetry::record_map_stats(st.pipeline.rules(), &st.map_metrics, stats);
     let forwarded = stats.samples_out + stats.histograms_out;
     let mut deliveries = Vec::new();
     if !processed.empty {
