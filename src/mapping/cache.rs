@@ -9,21 +9,20 @@ use ahash::AHashMap;
 /// Names a cache holds at most before it starts over.
 pub const NAME_CACHE_LIMIT: usize = 100_000;
 
-pub struct NameCache<V> {
+/// A cache of at most `LIMIT` names.
+pub struct NameCache<V, const LIMIT: usize = NAME_CACHE_LIMIT> {
     map: AHashMap<Box<[u8]>, V>,
-    limit: usize,
 }
 
-impl<V> Default for NameCache<V> {
+impl<V, const LIMIT: usize> Default for NameCache<V, LIMIT> {
     fn default() -> Self {
         NameCache {
             map: AHashMap::new(),
-            limit: NAME_CACHE_LIMIT,
         }
     }
 }
 
-impl<V: Clone> NameCache<V> {
+impl<V: Clone, const LIMIT: usize> NameCache<V, LIMIT> {
     pub fn get(&self, name: &[u8]) -> Option<&V> {
         self.map.get(name)
     }
@@ -40,7 +39,7 @@ impl<V: Clone> NameCache<V> {
 
     /// Caches `value` for `name`; a full cache starts over first.
     pub fn insert(&mut self, name: &[u8], value: V) {
-        if self.map.len() >= self.limit {
+        if self.map.len() >= LIMIT {
             self.map.clear();
         }
         self.map.insert(name.into(), value);
@@ -66,10 +65,7 @@ mod tests {
 
     #[test]
     fn starts_over_at_its_limit() {
-        let mut c: NameCache<u32> = NameCache {
-            map: AHashMap::new(),
-            limit: 3,
-        };
+        let mut c: NameCache<u32, 3> = NameCache::default();
         for (i, n) in [b"a", b"b", b"c"].into_iter().enumerate() {
             assert_eq!(c.get_or_insert_with(n, || i as u32), i as u32);
         }

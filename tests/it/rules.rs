@@ -1382,3 +1382,88 @@ rules:
         .collect();
     assert_eq!(s, [(1000, 1.0), (2000, 2.0)]);
 }
+
+/// Rescaled bucket bounds keep their family's float style, and a bound met again (the
+/// next series, the next request: the mapper's cache of rescaled bounds) comes out the
+/// same: `0.5` MiB is `524288` beside Go's `1`, `524288.0` beside Python's `1.0` (and
+/// 1 MiB is Go's `1.048576e+06`, as `strconv.FormatFloat(v, 'g', -1, 64)` writes it).
+#[test]
+fn rescaled_bounds_keep_their_familys_style_request_after_request() {
+    let pack = "pack: mine
+rules:
+  - match: {family: go_mib}
+    type: histogram
+    rename: go_bytes
+    scale: \"1048576\"
+  - match: {family: py_mib}
+    type: histogram
+    rename: py_bytes
+    scale: \"1048576\"
+";
+    let p = user_pack_pipeline("le-style", pack, "none").unwrap_or_else(|e| panic!("{e}"));
+    let bucket = |family: &str, instance: &str, le: &str| {
+        series(
+            &[
+                ("__name__", &format!("{family}_bucket")),
+                ("instance", instance),
+                ("le", le),
+            ],
+            &[(1.0, 1_000)],
+        )
+    };
+    let request = pb::WriteRequest {
+        timeseries: ["a", "b"]
+            .iter()
+            .flat_map(|i| {
+                [
+                    bucket("go_mib", i, "0.5"),
+                    bucket("go_mib", i, "1"),
+                    bucket("go_mib", i, "+Inf"),
+                    bucket("py_mib", i, "0.5"),
+                    bucket("py_mib", i, "1.0"),
+                    bucket("py_mib", i, "+Inf"),
+                ]
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    let bounds = |out: &pb::WriteRequest, name: &str| -> Vec<String> {
+        find(out, name)
+            .iter()
+            .map(|t| {
+                t.labels
+                    .iter()
+                    .find(|l| l.name == "le")
+                    .map(|l| l.value.clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    for round in 0..2 {
+        let out = run(&p, &request);
+        assert_eq!(
+            bounds(&out, "go_bytes_bucket"),
+            [
+                "524288",
+                "1.048576e+06",
+                "+Inf",
+                "524288",
+                "1.048576e+06",
+                "+Inf"
+            ],
+            "round {round}"
+        );
+        assert_eq!(
+            bounds(&out, "py_bytes_bucket"),
+            [
+                "524288.0",
+                "1048576.0",
+                "+Inf",
+                "524288.0",
+                "1048576.0",
+                "+Inf"
+            ],
+            "round {round}"
+        );
+    }
+}

@@ -25,8 +25,24 @@ impl Mapper {
             StyleEvidence::Known(st) => st,
             StyleEvidence::Ambiguous => self.family_le_style(buf, req, s),
         };
+        // A family's bounds repeat in every label set it has: each (factor, style,
+        // bound) is formatted once, then copied.
+        let mut key = std::mem::take(&mut self.le_key);
+        key.clear();
+        key.extend_from_slice(&factor.num.to_le_bytes());
+        key.extend_from_slice(&factor.den.to_le_bytes());
+        key.push(style as u8);
+        key.extend_from_slice(self.str_bytes(self.work[i].value, buf));
         let start = self.arena.len() as u32;
-        write_float(&mut self.arena, factor.apply(v), style);
+        match self.le_rescaled.get(&key) {
+            Some(text) => self.arena.extend_from_slice(text),
+            None => {
+                write_float(&mut self.arena, factor.apply(v), style);
+                let text = Box::<[u8]>::from(&self.arena[start as usize..]);
+                self.le_rescaled.insert(&key, text);
+            }
+        }
+        self.le_key = key;
         self.work[i].value = Str::Arena(start, self.arena.len() as u32);
     }
 

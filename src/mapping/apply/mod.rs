@@ -84,6 +84,11 @@ pub struct Mapper {
     help_buf: Vec<u8>,
     meta_seen: AHashSet<u64>,
     le_styles: NameCache<FloatStyle>,
+    /// Rescaled `le` texts by (factor, style, input text), see [`Mapper::rescale_le`]:
+    /// a few hundred bounds in a fleet; a sender inventing bounds makes it start over.
+    le_rescaled: NameCache<Box<[u8]>, 4096>,
+    /// Scratch: the key of `le_rescaled`.
+    le_key: Vec<u8>,
     gather_samples: Vec<SampleView>,
     gather_hist: Vec<HistOut>,
     gather_ex: Vec<ExemplarOut>,
