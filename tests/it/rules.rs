@@ -1467,3 +1467,82 @@ rules:
         );
     }
 }
+
+/// A family whose bounds show no style in a request (`0.5`, `+Inf`) is written Go's way
+/// in that request, every series of it alike; a later request that shows Python's
+/// (`1.0`) writes it Python's way.
+#[test]
+fn bounds_without_style_evidence_are_gos_until_a_request_shows_otherwise() {
+    let pack = "pack: mine
+rules:
+  - match: {family: q_mib}
+    type: histogram
+    rename: q_bytes
+    scale: \"1048576\"
+";
+    let p = user_pack_pipeline("le-unproven", pack, "none").unwrap_or_else(|e| panic!("{e}"));
+    let request = |bounds: &[&str]| pb::WriteRequest {
+        timeseries: (0..50)
+            .flat_map(|i| {
+                bounds.iter().map(move |le| {
+                    series(
+                        &[
+                            ("__name__", "q_mib_bucket"),
+                            ("instance", &format!("i{i}")),
+                            ("le", le),
+                        ],
+                        &[(1.0, 1_000)],
+                    )
+                })
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    let halves = |out: &pb::WriteRequest| -> Vec<String> {
+        find(out, "q_bytes_bucket")
+            .iter()
+            .filter_map(|t| t.labels.iter().find(|l| l.name == "le"))
+            .map(|l| l.value.clone())
+            .filter(|v| v.starts_with("524288"))
+            .collect()
+    };
+    let out = run(&p, &request(&["0.5", "+Inf"]));
+    assert_eq!(halves(&out), vec!["524288".to_string(); 50]);
+    let out = run(&p, &request(&["0.5", "1.0", "+Inf"]));
+    assert_eq!(halves(&out), vec!["524288.0".to_string(); 50]);
+}
+
+/// A request of one family whose bounds never show a style is scanned for evidence once,
+/// not once per series: 20,000 such series took 18 s to map when each one scanned the
+/// whole request, 64 ms now (a deadline that only the quadratic scan misses).
+#[test]
+fn a_family_without_style_evidence_is_scanned_once_per_request() {
+    let pack = "pack: mine
+rules:
+  - match: {family: q_mib}
+    type: histogram
+    rename: q_bytes
+    scale: \"1048576\"
+";
+    let p = user_pack_pipeline("le-once", pack, "none").unwrap_or_else(|e| panic!("{e}"));
+    let request = pb::WriteRequest {
+        timeseries: (0..20_000)
+            .map(|i| {
+                series(
+                    &[
+                        ("__name__", "q_mib_bucket"),
+                        ("instance", &format!("i{i}")),
+                        ("le", "0.5"),
+                    ],
+                    &[(1.0, 1_000)],
+                )
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    let started = std::time::Instant::now();
+    let out = run(&p, &request);
+    let took = started.elapsed();
+    assert_eq!(find(&out, "q_bytes_bucket").len(), 20_000);
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}

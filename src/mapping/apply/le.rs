@@ -58,6 +58,16 @@ impl Mapper {
         if let Some(st) = self.le_styles.get(name) {
             return *st;
         }
+        // A family whose bounds this request all leaves ambiguous is scanned once, not
+        // once per series of it (that would be quadratic in the request's size).
+        let key = self.hasher.hash_one(name);
+        if self
+            .le_unproven
+            .get(&key)
+            .is_some_and(|seen| seen.bytes(buf) == name)
+        {
+            return FloatStyle::Go;
+        }
         let mut found = None;
         for other in &req.series {
             if other.name.bytes(buf) != name {
@@ -80,7 +90,10 @@ impl Mapper {
                 self.le_styles.insert(name, st);
                 st
             }
-            None => FloatStyle::Go,
+            None => {
+                self.le_unproven.entry(key).or_insert(s.name);
+                FloatStyle::Go
+            }
         }
     }
 }

@@ -84,6 +84,8 @@ pub struct Mapper {
     help_buf: Vec<u8>,
     meta_seen: AHashSet<u64>,
     le_styles: NameCache<FloatStyle>,
+    /// This request's families (by name hash) whose bounds show no style: Go's.
+    le_unproven: std::collections::HashMap<u64, Span, PreHashed>,
     /// Rescaled `le` texts by (factor, style, input text), see [`Mapper::rescale_le`]:
     /// a few hundred bounds in a fleet; a sender inventing bounds makes it start over.
     le_rescaled: NameCache<Box<[u8]>, 4096>,

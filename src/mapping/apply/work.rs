@@ -67,6 +67,7 @@ impl Mapper {
         self.hist_arena.clear();
         self.index.clear();
         self.meta_seen.clear();
+        self.le_unproven.clear();
         self.taps.clear();
         self.tap_labels.clear();
         self.tap_samples.clear();
