@@ -26,7 +26,7 @@ fn register_at_zero() {
 
 /// Labelled counters whose label values are known from the configuration exist from
 /// start-up, at 0: drops per configured reason, renames and rescales per pack, derived
-/// samples per derived series.
+/// samples per derived series. Returns the mapping stage's handles to count through.
 pub fn register_pipeline(
     rules: &Rules,
     derived_series: impl Iterator<Item = &'static str>,
@@ -49,7 +49,7 @@ pub fn register_pipeline(
         renamed: per_pack(SERIES_RENAMED),
         rescaled: per_pack(SERIES_RESCALED),
         rebucketed: per_pack(NATIVE_REBUCKETED),
-        total_fixes: metrics::counter!(SERIES_RENAMED, "pack" => "metadata_total_fix"),
+        total_fixes: std::sync::OnceLock::new(),
         collisions: metrics::counter!(SERIES_COLLISIONS),
         native_unscaled: metrics::counter!(NATIVE_UNSCALED),
     };
@@ -82,7 +82,8 @@ pub struct MapMetrics {
     renamed: Vec<metrics::Counter>,
     rescaled: Vec<metrics::Counter>,
     rebucketed: Vec<metrics::Counter>,
-    total_fixes: metrics::Counter,
+    /// Made at the first fix: the series shows only where the fix runs.
+    total_fixes: std::sync::OnceLock<metrics::Counter>,
     collisions: metrics::Counter,
     native_unscaled: metrics::Counter,
 }
@@ -781,7 +782,10 @@ pub fn record_map_stats(rules: &Rules, counters: &MapMetrics, stats: &MapStats) 
         counters.collisions.increment(stats.collisions);
     }
     if stats.metadata_total_fixes > 0 {
-        counters.total_fixes.increment(stats.metadata_total_fixes);
+        counters
+            .total_fixes
+            .get_or_init(|| metrics::counter!(SERIES_RENAMED, "pack" => "metadata_total_fix"))
+            .increment(stats.metadata_total_fixes);
     }
     if stats.native_unscaled > 0 {
         counters.native_unscaled.increment(stats.native_unscaled);

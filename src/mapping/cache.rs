@@ -1,12 +1,12 @@
 //! The mapper's per-worker caches of things computed once per metric name (plans for
 //! names that prefix or regex rules match, metadata plans, `le` styles, `_total` fix
-//! plans). Bounded: a sender with unbounded name churn makes a cache start over, never
+//! plans; and, keyed by a bound's text, rescaled `le` bounds). Bounded: a sender with unbounded name churn makes a cache start over, never
 //! grow without limit; a warm cache costs one hash lookup and no allocation. Keyed by the
 //! name's bytes, as they stand in the request: a lookup converts nothing to `str`.
 
 use ahash::AHashMap;
 
-/// Names a cache holds at most before it starts over.
+/// Names a cache holds at most before it starts over (unless it says another limit).
 pub const NAME_CACHE_LIMIT: usize = 100_000;
 
 /// A cache of at most `LIMIT` names.

@@ -27,6 +27,14 @@ fn run(p: &Pipeline, req: &pb::WriteRequest) -> pb::WriteRequest {
     decode(ws.compressed())
 }
 
+/// As [`run`], on the pipeline's pooled workspace: requests run one after another reuse
+/// one mapper (and its caches).
+fn run_pooled(p: &Pipeline, req: &pb::WriteRequest) -> pb::WriteRequest {
+    let mut ws = p.workspace();
+    p.process(&mut ws, &encode(req)).unwrap();
+    decode(ws.compressed())
+}
+
 fn name_of(ts: &pb::TimeSeries) -> &str {
     ts.labels
         .iter()
@@ -1383,9 +1391,9 @@ rules:
     assert_eq!(s, [(1000, 1.0), (2000, 2.0)]);
 }
 
-/// Rescaled bucket bounds keep their family's float style, and a bound met again (the
-/// next series, the next request: the mapper's cache of rescaled bounds) comes out the
-/// same: `0.5` MiB is `524288` beside Go's `1`, `524288.0` beside Python's `1.0` (and
+/// Rescaled bucket bounds keep their family's float style and factor, and a bound met
+/// again (the next series, the next request on the same mapper: its cache of rescaled
+/// bounds) comes out the same: `0.5` MiB is `524288` beside Go's `1`, `524288.0` beside Python's `1.0` (and
 /// 1 MiB is Go's `1.048576e+06`, as `strconv.FormatFloat(v, 'g', -1, 64)` writes it).
 #[test]
 fn rescaled_bounds_keep_their_familys_style_request_after_request() {
@@ -1399,6 +1407,10 @@ rules:
     type: histogram
     rename: py_bytes
     scale: \"1048576\"
+  - match: {family: go_kib}
+    type: histogram
+    rename: go_kib_bytes
+    scale: \"1024\"
 ";
     let p = user_pack_pipeline("le-style", pack, "none").unwrap_or_else(|e| panic!("{e}"));
     let bucket = |family: &str, instance: &str, le: &str| {
@@ -1422,6 +1434,9 @@ rules:
                     bucket("py_mib", i, "0.5"),
                     bucket("py_mib", i, "1.0"),
                     bucket("py_mib", i, "+Inf"),
+                    bucket("go_kib", i, "0.5"),
+                    bucket("go_kib", i, "1"),
+                    bucket("go_kib", i, "+Inf"),
                 ]
             })
             .collect(),
@@ -1440,7 +1455,7 @@ rules:
             .collect()
     };
     for round in 0..2 {
-        let out = run(&p, &request);
+        let out = run_pooled(&p, &request);
         assert_eq!(
             bounds(&out, "go_bytes_bucket"),
             [
@@ -1463,6 +1478,11 @@ rules:
                 "1048576.0",
                 "+Inf"
             ],
+            "round {round}"
+        );
+        assert_eq!(
+            bounds(&out, "go_kib_bytes_bucket"),
+            ["512", "1024", "+Inf", "512", "1024", "+Inf"],
             "round {round}"
         );
     }
@@ -1506,9 +1526,10 @@ rules:
             .filter(|v| v.starts_with("524288"))
             .collect()
     };
-    let out = run(&p, &request(&["0.5", "+Inf"]));
+    // One mapper for both requests: what the first learnt must not decide the second.
+    let out = run_pooled(&p, &request(&["0.5", "+Inf"]));
     assert_eq!(halves(&out), vec!["524288".to_string(); 50]);
-    let out = run(&p, &request(&["0.5", "1.0", "+Inf"]));
+    let out = run_pooled(&p, &request(&["0.5", "1.0", "+Inf"]));
     assert_eq!(halves(&out), vec!["524288.0".to_string(); 50]);
 }
 

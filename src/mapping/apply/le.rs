@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// The longest `le` text the cache of rescaled bounds keeps (`0.005`, `1.048576e+06`,
+/// `2.5e-05`: well under), so that its 4,096 entries stay small whatever a sender writes.
+const LE_CACHED_BYTES: usize = 32;
+
 impl Mapper {
     pub(super) fn rescale_le(
         &mut self,
@@ -17,6 +21,7 @@ impl Mapper {
         let Ok(text) = std::str::from_utf8(text_bytes) else {
             return;
         };
+        let text_len = text.len();
         let Some(v) = parse_float(text) else { return };
         if !v.is_finite() {
             return;
@@ -25,6 +30,13 @@ impl Mapper {
             StyleEvidence::Known(st) => st,
             StyleEvidence::Ambiguous => self.family_le_style(buf, req, s),
         };
+        let start = self.arena.len() as u32;
+        if text_len > LE_CACHED_BYTES {
+            // No exporter writes such a bound: not worth a cache entry of its size.
+            write_float(&mut self.arena, factor.apply(v), style);
+            self.work[i].value = Str::Arena(start, self.arena.len() as u32);
+            return;
+        }
         // A family's bounds repeat in every label set it has: each (factor, style,
         // bound) is formatted once, then copied.
         let mut key = std::mem::take(&mut self.le_key);
@@ -33,7 +45,6 @@ impl Mapper {
         key.extend_from_slice(&factor.den.to_le_bytes());
         key.push(style as u8);
         key.extend_from_slice(self.str_bytes(self.work[i].value, buf));
-        let start = self.arena.len() as u32;
         match self.le_rescaled.get(&key) {
             Some(text) => self.arena.extend_from_slice(text),
             None => {
