@@ -1488,11 +1488,8 @@ rules:
     }
 }
 
-/// A family whose bounds show no style in a request (`0.5`, `+Inf`) is written Go's way
-/// in that request, every series of it alike; a later request that shows Python's
-/// (`1.0`) writes it Python's way.
-#[test]
-fn bounds_without_style_evidence_are_gos_until_a_request_shows_otherwise() {
+/// `q_mib` rescaled to `q_bytes` (×2^20), by a user pack.
+fn q_mib_pipeline(tag: &str) -> Pipeline {
     let pack = "pack: mine
 rules:
   - match: {family: q_mib}
@@ -1500,9 +1497,13 @@ rules:
     rename: q_bytes
     scale: \"1048576\"
 ";
-    let p = user_pack_pipeline("le-unproven", pack, "none").unwrap_or_else(|e| panic!("{e}"));
-    let request = |bounds: &[&str]| pb::WriteRequest {
-        timeseries: (0..50)
+    user_pack_pipeline(tag, pack, "none").unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `q_mib_bucket` series: every bound in `bounds` for each of `instances` instances.
+fn q_mib_buckets(instances: usize, bounds: &[&str]) -> pb::WriteRequest {
+    pb::WriteRequest {
+        timeseries: (0..instances)
             .flat_map(|i| {
                 bounds.iter().map(move |le| {
                     series(
@@ -1517,7 +1518,15 @@ rules:
             })
             .collect(),
         metadata: vec![],
-    };
+    }
+}
+
+/// A family whose bounds show no style in a request (`0.5`, `+Inf`) is written Go's way
+/// in that request, every series of it alike; a later request that shows Python's
+/// (`1.0`) writes it Python's way.
+#[test]
+fn bounds_without_style_evidence_are_gos_until_a_request_shows_otherwise() {
+    let p = q_mib_pipeline("le-unproven");
     let halves = |out: &pb::WriteRequest| -> Vec<String> {
         find(out, "q_bytes_bucket")
             .iter()
@@ -1527,9 +1536,9 @@ rules:
             .collect()
     };
     // One mapper for both requests: what the first learnt must not decide the second.
-    let out = run_pooled(&p, &request(&["0.5", "+Inf"]));
+    let out = run_pooled(&p, &q_mib_buckets(50, &["0.5", "+Inf"]));
     assert_eq!(halves(&out), vec!["524288".to_string(); 50]);
-    let out = run_pooled(&p, &request(&["0.5", "1.0", "+Inf"]));
+    let out = run_pooled(&p, &q_mib_buckets(50, &["0.5", "1.0", "+Inf"]));
     assert_eq!(halves(&out), vec!["524288.0".to_string(); 50]);
 }
 
@@ -1538,29 +1547,8 @@ rules:
 /// whole request, 64 ms now (a deadline that only the quadratic scan misses).
 #[test]
 fn a_family_without_style_evidence_is_scanned_once_per_request() {
-    let pack = "pack: mine
-rules:
-  - match: {family: q_mib}
-    type: histogram
-    rename: q_bytes
-    scale: \"1048576\"
-";
-    let p = user_pack_pipeline("le-once", pack, "none").unwrap_or_else(|e| panic!("{e}"));
-    let request = pb::WriteRequest {
-        timeseries: (0..20_000)
-            .map(|i| {
-                series(
-                    &[
-                        ("__name__", "q_mib_bucket"),
-                        ("instance", &format!("i{i}")),
-                        ("le", "0.5"),
-                    ],
-                    &[(1.0, 1_000)],
-                )
-            })
-            .collect(),
-        metadata: vec![],
-    };
+    let p = q_mib_pipeline("le-once");
+    let request = q_mib_buckets(20_000, &["0.5"]);
     let started = std::time::Instant::now();
     let out = run(&p, &request);
     let took = started.elapsed();
