@@ -54,10 +54,8 @@ pub fn register_pipeline(
         native_unscaled: metrics::counter!(NATIVE_UNSCALED),
     };
     // Every pack's and reason's series from the start, at zero.
-    for c in map.dropped.iter().chain(&map.renamed).chain(&map.rescaled) {
-        c.increment(0);
-    }
-    for c in &map.rebucketed {
+    let labelled = [&map.dropped, &map.renamed, &map.rescaled, &map.rebucketed];
+    for c in labelled.into_iter().flatten() {
         c.increment(0);
     }
     for series in derived_series {

@@ -31,26 +31,25 @@ impl Mapper {
             StyleEvidence::Ambiguous => self.family_le_style(buf, req, s),
         };
         let start = self.arena.len() as u32;
-        if text_len > LE_CACHED_BYTES {
-            // No exporter writes such a bound: not worth a cache entry of its size.
-            write_float(&mut self.arena, factor.apply(v), style);
-            self.work[i].value = Str::Arena(start, self.arena.len() as u32);
-            return;
-        }
         // A family's bounds repeat in every label set it has: each (factor, style,
-        // bound) is formatted once, then copied.
+        // bound) is formatted once, then copied. No exporter writes a bound longer than
+        // `LE_CACHED_BYTES`: such a one is not worth an entry of its size.
         let mut key = std::mem::take(&mut self.le_key);
         key.clear();
-        key.extend_from_slice(&factor.num.to_le_bytes());
-        key.extend_from_slice(&factor.den.to_le_bytes());
-        key.push(style as u8);
-        key.extend_from_slice(self.str_bytes(self.work[i].value, buf));
-        match self.le_rescaled.get(&key) {
+        if text_len <= LE_CACHED_BYTES {
+            key.extend_from_slice(&factor.num.to_le_bytes());
+            key.extend_from_slice(&factor.den.to_le_bytes());
+            key.push(style as u8);
+            key.extend_from_slice(self.str_bytes(self.work[i].value, buf));
+        }
+        match self.le_rescaled.get(&key).filter(|_| !key.is_empty()) {
             Some(text) => self.arena.extend_from_slice(text),
             None => {
                 write_float(&mut self.arena, factor.apply(v), style);
-                let text = Box::<[u8]>::from(&self.arena[start as usize..]);
-                self.le_rescaled.insert(&key, text);
+                if !key.is_empty() {
+                    let text = Box::<[u8]>::from(&self.arena[start as usize..]);
+                    self.le_rescaled.insert(&key, text);
+                }
             }
         }
         self.le_key = key;
