@@ -1145,6 +1145,31 @@ fn names_rules_write_still_get_pattern_rules() {
     );
 }
 
+/// A name too long for the mapper's caches (over 1 KiB) gets its prefix rules all the
+/// same, request after request on one mapper: it is resolved each time, not cached.
+#[test]
+fn names_too_long_to_cache_still_get_their_rules() {
+    let p = pipeline("");
+    let long = format!("DCGM_FI_CUSTOM_{}", "x".repeat(2_000));
+    for round in 0..3 {
+        let req = pb::WriteRequest {
+            timeseries: vec![series(
+                &[("__name__", &long), ("Hostname", "h1")],
+                &[(1.0, 1 + round)],
+            )],
+            metadata: vec![],
+        };
+        let out = run_pooled(&p, &req);
+        let got = find(&out, &long);
+        assert_eq!(got.len(), 1, "round {round}");
+        assert!(
+            got[0].labels.iter().any(|l| l.name == "hostname"),
+            "round {round}: {:?}",
+            got[0].labels.iter().map(|l| &l.name).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// `has_labels` (SGLang's priority breakdown): the rule applies to the series carrying
 /// the label with a value, in the pipeline and in the migrate rewriter; the totals,
 /// without it (or with it empty), stay in the family.

@@ -13,11 +13,20 @@ pub(super) const METADATA_FIX_PACK: u16 = u16::MAX;
 pub struct CounterFamilies {
     pub(super) set: Mutex<Arc<AHashSet<Box<str>>>>,
     pub(super) version: AtomicU64,
+    /// The names' bytes plus a fixed overhead per name; written under `set`'s lock.
+    bytes: AtomicUsize,
 }
 
 impl CounterFamilies {
     /// Families remembered at most (metadata of unbounded cardinality cannot grow it).
     pub const LIMIT: usize = 100_000;
+    /// Bytes of names (plus 64 per name) remembered at most: names may be 64 KiB each.
+    pub const BYTES: usize = 8 << 20;
+
+    /// Bytes held, as [`CounterFamilies::BYTES`] counts them.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
 
     pub fn len(&self) -> usize {
         self.set.lock().map(|s| s.len()).unwrap_or(0)
@@ -32,11 +41,14 @@ impl CounterFamilies {
             return;
         };
         let mut next = (**guard).clone();
+        let mut bytes = self.bytes.load(Ordering::Relaxed);
         for n in names.drain(..) {
-            if next.len() < Self::LIMIT {
-                next.insert(n);
+            let cost = n.len() + 64;
+            if next.len() < Self::LIMIT && bytes + cost <= Self::BYTES && next.insert(n) {
+                bytes += cost;
             }
         }
+        self.bytes.store(bytes, Ordering::Relaxed);
         *guard = Arc::new(next);
         self.version.fetch_add(1, Ordering::Release);
     }
@@ -202,5 +214,29 @@ impl Mapper {
             return None;
         }
         Some(self.total_fix_plan(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_families_are_bounded_in_bytes() {
+        let cf = CounterFamilies::default();
+        let long = 60 << 10;
+        let rounds = CounterFamilies::BYTES / (8 * long) + 4;
+        for r in 0..rounds {
+            let mut names: Vec<Box<str>> = (0..8)
+                .map(|i| format!("{r}_{i}_{}", "c".repeat(long)).into())
+                .collect();
+            cf.learn(&mut names);
+            assert!(cf.bytes() <= CounterFamilies::BYTES);
+        }
+        assert!(cf.len() < rounds * 8, "refused past the bound");
+        let held = cf.bytes();
+        // A name learnt twice counts once; a short new one still fits.
+        cf.learn(&mut vec!["0_0_x".into(), "0_0_x".into()]);
+        assert_eq!(cf.bytes(), held + "0_0_x".len() + 64);
     }
 }

@@ -22,7 +22,7 @@ pub use taps::{TapSet, TappedSeries};
 use work::*;
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ahash::AHashSet;

@@ -44,15 +44,32 @@ pub struct StoredMetadata {
 }
 
 /// Families' metadata learnt from requests, to attach to 2.0 series of later requests
-/// that carry none (1.0 senders send metadata in requests of their own). Bounded.
+/// that carry none (1.0 senders send metadata in requests of their own). Bounded in
+/// families and in bytes; once full, new families are not remembered (those known are
+/// still updated when the update fits).
 #[derive(Debug, Default)]
 pub struct MetadataMemory {
     map: AHashMap<Box<[u8]>, StoredMetadata>,
+    /// [`MetadataMemory::cost`] summed over the families held.
+    bytes: usize,
 }
 
 impl MetadataMemory {
     /// Families remembered at most.
     pub const LIMIT: usize = 100_000;
+    /// Bytes remembered at most: names, help and unit texts, plus a fixed overhead per
+    /// family. Help texts may be 64 KiB each: the count alone would not bound the memory.
+    pub const BYTES: usize = 32 << 20;
+
+    /// What a family costs against [`MetadataMemory::BYTES`].
+    fn cost(family: &[u8], help: &[u8], unit: &[u8]) -> usize {
+        family.len() + help.len() + unit.len() + 96
+    }
+
+    /// Bytes held, as [`MetadataMemory::BYTES`] counts them.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 
     pub fn len(&self) -> usize {
         self.map.len()
@@ -602,15 +619,26 @@ impl V2Encoder {
             if family.is_empty() {
                 continue;
             }
+            let (help, unit) = (slice(v1, m.help), slice(v1, m.unit));
+            let cost = MetadataMemory::cost(family, help, unit);
             let stored = StoredMetadata {
                 metric_type: m.metric_type,
-                help: slice(v1, m.help).into(),
-                unit: slice(v1, m.unit).into(),
+                help: help.into(),
+                unit: unit.into(),
             };
-            let full = memory.map.len() >= MetadataMemory::LIMIT;
+            let (families, bytes) = (memory.map.len(), &mut memory.bytes);
             match memory.map.get_mut(family) {
-                Some(s) => *s = stored,
-                None if !full => {
+                Some(s) => {
+                    let old = MetadataMemory::cost(family, &s.help, &s.unit);
+                    if *bytes - old + cost <= MetadataMemory::BYTES {
+                        *bytes = *bytes - old + cost;
+                        *s = stored;
+                    }
+                }
+                None if families < MetadataMemory::LIMIT
+                    && *bytes + cost <= MetadataMemory::BYTES =>
+                {
+                    *bytes += cost;
                     memory.map.insert(family.into(), stored);
                 }
                 None => {}
@@ -1020,6 +1048,55 @@ mod tests {
         let req = v2::Request::decode(out.as_slice()).unwrap();
         let md = req.timeseries[0].metadata.unwrap();
         assert_eq!(req.symbols[md.help_ref as usize], "Requests.");
+    }
+
+    #[test]
+    fn metadata_memory_is_bounded_in_bytes() {
+        // Families with 60 KiB help texts: the byte bound, not the count, stops them.
+        let help = "h".repeat(60 << 10);
+        let mut memory = MetadataMemory::default();
+        let mut enc = V2Encoder::new();
+        let mut out = Vec::new();
+        let per_request = 16;
+        let requests = MetadataMemory::BYTES / (per_request * help.len()) + 4;
+        for r in 0..requests {
+            let body = pb::WriteRequest {
+                metadata: (0..per_request)
+                    .map(|i| pb::MetricMetadata {
+                        r#type: 2,
+                        metric_family_name: format!("family_{r}_{i}"),
+                        help: help.clone(),
+                        unit: String::new(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            enc.encode(&body, Some(&memory), &mut out).unwrap();
+            enc.remember_metadata(&body, &mut memory);
+            assert!(memory.bytes() <= MetadataMemory::BYTES);
+        }
+        assert!(
+            memory.len() < requests * per_request,
+            "refused past the bound"
+        );
+        assert!(memory.bytes() > MetadataMemory::BYTES - per_request * (help.len() + 200));
+        // A known family is still updated when the update fits (a shorter help).
+        let known = pb::WriteRequest {
+            metadata: vec![pb::MetricMetadata {
+                r#type: 2,
+                metric_family_name: "family_0_0".into(),
+                help: "Short.".into(),
+                unit: String::new(),
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let before = memory.bytes();
+        enc.encode(&known, Some(&memory), &mut out).unwrap();
+        enc.remember_metadata(&known, &mut memory);
+        assert_eq!(&*memory.get(b"family_0_0").unwrap().help, b"Short.");
+        assert_eq!(memory.bytes(), before - help.len() + "Short.".len());
     }
 
     /// The metadata of the counter `requests` (its series are `requests_total`).
