@@ -91,11 +91,14 @@ pub struct RouteInput<'a> {
 pub const WORKSPACE_RETAIN_BYTES: usize = 16 << 20;
 
 impl Workspace {
-    /// Bytes held by the workspace's largest byte buffer (the others and its vectors
-    /// grow with it).
+    /// Bytes held by the workspace's largest byte buffer, or by its decoded view or its
+    /// mapper's buffers and caches, whichever holds most (a request of tiny samples grows
+    /// the view far past its bytes).
     pub fn retained_bytes(&self) -> usize {
         self.raw
             .capacity()
+            .max(self.decoded.retained_bytes())
+            .max(self.mapper.retained_bytes())
             .max(self.encoded.capacity())
             .max(self.compressed.capacity())
             .max(self.input_body.capacity())

@@ -547,9 +547,18 @@ pub fn set_tenant_limit(n: usize) {
     }
 }
 
+/// Tenants longer than this share `other` in per-tenant metrics (Mimir's tenant IDs are
+/// at most 150 characters; a label value may be 64 KiB, and each of the labelled tenants
+/// is repeated in several series on every scrape).
+pub const MAX_TENANT_LABEL_BYTES: usize = 256;
+
 /// The label value of `tenant` in per-tenant metrics: its name for the first
-/// `limits.max_tenants_in_metrics` tenants seen, `other` after.
+/// `limits.max_tenants_in_metrics` tenants seen, `other` after, and for tenants longer
+/// than [`MAX_TENANT_LABEL_BYTES`].
 pub fn tenant_label(tenant: &str) -> String {
+    if tenant.len() > MAX_TENANT_LABEL_BYTES {
+        return "other".into();
+    }
     if TENANTS.read().is_ok_and(|t| t.1.contains(tenant)) {
         return tenant.to_string();
     }
@@ -747,6 +756,8 @@ pub struct DerivedState {
     pub series: usize,
     pub evicted_stale: u64,
     pub evicted_limit: u64,
+    /// Series and groups not kept for their label set's bytes.
+    pub label_bytes: u64,
     pub incomplete: u64,
     pub no_peak: u64,
     pub ranks_gone: u64,
@@ -757,6 +768,7 @@ pub fn derived_state(s: &DerivedState) {
     metrics::gauge!(DERIVED_STATE_SERIES).set(s.series as f64);
     metrics::counter!(DERIVED_EVICTIONS, "reason" => "stale").absolute(s.evicted_stale);
     metrics::counter!(DERIVED_EVICTIONS, "reason" => "max_series").absolute(s.evicted_limit);
+    metrics::counter!(DERIVED_EVICTIONS, "reason" => "label_bytes").absolute(s.label_bytes);
     metrics::counter!(DERIVED_INCOMPLETE).absolute(s.incomplete);
     metrics::counter!(DERIVED_NO_PEAK).absolute(s.no_peak);
     metrics::counter!(DERIVED_RANKS_FORGOTTEN).absolute(s.ranks_gone);
@@ -887,4 +899,18 @@ pub fn init_logging(json: bool, level: Option<&str>) {
     } else {
         builder.try_init()
     };
+}
+
+#[cfg(test)]
+mod tenant_label_tests {
+    use super::*;
+
+    #[test]
+    fn long_tenants_share_other() {
+        let long = "t".repeat(MAX_TENANT_LABEL_BYTES + 1);
+        assert_eq!(tenant_label(&long), "other");
+        let fits = "t".repeat(MAX_TENANT_LABEL_BYTES);
+        assert_eq!(tenant_label(&fits), fits);
+        assert!(TENANTS.read().is_ok_and(|t| !t.1.contains(&long)));
+    }
 }

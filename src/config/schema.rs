@@ -232,7 +232,7 @@ pub struct Limits {
     /// before the body is read.
     pub max_concurrent_requests: usize,
     /// Tenants with a `tenant` label value of their own in promnorm's per-tenant
-    /// metrics; later ones are counted as `other`.
+    /// metrics; later ones, and tenants longer than 256 bytes, are counted as `other`.
     pub max_tenants_in_metrics: usize,
 }
 

@@ -96,6 +96,19 @@ struct Shard {
 /// `Emitted::def` of a sum over ranks (not one of the definitions).
 pub const RANK_SUM: u16 = u16::MAX;
 
+/// Label-set bytes a series in state may take on average: the state holds at most
+/// `max_series` × this of label sets (and `max_series` series), so label values of up to
+/// 64 KiB cannot take it past the memory bound's share (`config::memory`, 400 bytes a
+/// series with its state).
+pub const LABEL_BYTES_PER_SERIES: usize = 256;
+
+/// A derived series or group whose label set is longer than this is not kept (counted
+/// as `promnorm_derived_evictions_total{reason="label_bytes"}`).
+pub const MAX_LABEL_SET_BYTES: usize = 16 << 10;
+
+/// Series evicted at most to make room for one new label set.
+const MAX_EVICTIONS_PER_SERIES: usize = 64;
+
 /// Counts kept by the deriver; exported as promnorm metrics by the caller.
 #[derive(Default)]
 pub struct DeriveCounters {
@@ -109,6 +122,9 @@ pub struct DeriveCounters {
     pub no_peak: AtomicU64,
     /// Ranks forgotten by a sum over ranks because they stopped reporting.
     pub ranks_gone: AtomicU64,
+    /// Series and groups not kept: a label set over [`MAX_LABEL_SET_BYTES`], or no
+    /// room left for its bytes.
+    pub label_bytes: AtomicU64,
 }
 
 /// Reusable per-worker scratch of the derive stage.
@@ -130,6 +146,10 @@ pub struct Deriver {
     shards: Box<[Mutex<Shard>]>,
     hasher: ahash::RandomState,
     series_count: AtomicUsize,
+    /// The label sets' bytes of the series and groups held (see
+    /// [`LABEL_BYTES_PER_SERIES`]).
+    label_bytes: AtomicUsize,
+    max_label_bytes: usize,
     start: Instant,
     pub counters: DeriveCounters,
 }
@@ -172,6 +192,11 @@ impl Deriver {
             shards,
             hasher: ahash::RandomState::with_seeds(0x5eed, 0xdead, 0xbeef, 0xf00d),
             series_count: AtomicUsize::new(0),
+            label_bytes: AtomicUsize::new(0),
+            max_label_bytes: settings
+                .max_series
+                .max(1)
+                .saturating_mul(LABEL_BYTES_PER_SERIES),
             start: Instant::now(),
             counters: DeriveCounters::default(),
         }
@@ -189,6 +214,43 @@ impl Deriver {
     /// Series currently held in state.
     pub fn series_count(&self) -> usize {
         self.series_count.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the label sets held in state.
+    pub fn label_bytes(&self) -> usize {
+        self.label_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Makes room in `shard` for a new series or group with a label set of `len` bytes:
+    /// evicts series of the shard while the state is full (in series or in label
+    /// bytes), and takes the bytes. False (counted) when there is no room: the label set
+    /// is too long, or nothing of this shard can be evicted.
+    fn make_room(&self, shard: &mut Shard, len: usize) -> bool {
+        if len > MAX_LABEL_SET_BYTES {
+            self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        for _ in 0..MAX_EVICTIONS_PER_SERIES {
+            let full = self.series_count.load(Ordering::Relaxed) >= self.max_series;
+            let no_bytes = self.label_bytes.load(Ordering::Relaxed) + len > self.max_label_bytes;
+            if !full && !no_bytes {
+                self.label_bytes.fetch_add(len, Ordering::Relaxed);
+                return true;
+            }
+            // An eviction, or (nothing of this shard to evict) a refusal rather than
+            // exceeding the limit, is counted under the limit that forced it.
+            let counter = if full {
+                &self.counters.evicted_limit
+            } else {
+                &self.counters.label_bytes
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if !self.evict_one(shard) {
+                return false;
+            }
+        }
+        self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     fn now_s(&self) -> u32 {
@@ -238,11 +300,7 @@ impl Deriver {
             } else {
                 0.0
             };
-            if self.series_count.load(Ordering::Relaxed) >= self.max_series
-                && !self.evict_one(shard)
-            {
-                // Nothing of this shard to evict: refuse rather than exceed the limit.
-                self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+            if !self.make_room(shard, key.len()) {
                 return;
             }
             let labels: Arc<[u8]> = Arc::from(key);
@@ -302,10 +360,18 @@ impl Deriver {
         };
         let shard = &mut *guard;
         if !shard.rank_sums.contains_key(key) {
+            // Groups are refused when full, never evicted to make room.
             if self.series_count.load(Ordering::Relaxed) >= self.max_series {
                 self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
                 return;
             }
+            if key.len() > MAX_LABEL_SET_BYTES
+                || self.label_bytes.load(Ordering::Relaxed) + key.len() > self.max_label_bytes
+            {
+                self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            self.label_bytes.fetch_add(key.len(), Ordering::Relaxed);
             shard
                 .rank_sums
                 .insert(Arc::from(key), Box::new(RankSumState::new(now_s)));
@@ -398,7 +464,7 @@ impl Deriver {
             }
             shard.series.remove(&*key);
             self.series_count.fetch_sub(1, Ordering::Relaxed);
-            self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
+            self.label_bytes.fetch_sub(key.len(), Ordering::Relaxed);
             return true;
         }
         false
@@ -426,8 +492,17 @@ impl Deriver {
                     clock,
                     ..
                 } = &mut *s;
-                series.retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
-                rank_sums.retain(|_, st| now.saturating_sub(st.last_seen_s) < limit);
+                let mut freed = 0;
+                let mut keep = |k: &Arc<[u8]>, last_seen_s: u32| {
+                    let kept = now.saturating_sub(last_seen_s) < limit;
+                    if !kept {
+                        freed += k.len();
+                    }
+                    kept
+                };
+                series.retain(|k, st| keep(k, st.last_seen_s));
+                rank_sums.retain(|k, st| keep(k, st.last_seen_s));
+                self.label_bytes.fetch_sub(freed, Ordering::Relaxed);
                 clock.retain(|k| {
                     series
                         .get_key_value(k)

@@ -15,6 +15,12 @@ pub const MAX_PENDING_POINTS: usize = 64;
 /// starts ahead, without growing for an engine version that lacks the other counter.
 const UNSEEN_PENDING_POINTS: usize = 4;
 
+/// Points a series keeps for `derived.window`: a rate over the window is taken from its
+/// oldest point, and samples closer together than `window / MAX_WINDOW_POINTS` would
+/// otherwise grow the state without bound (a 1 h window holds 1,024 points at one every
+/// 3.5 s; denser samples shorten the span the rate covers, never its correctness).
+pub const MAX_WINDOW_POINTS: usize = 1024;
+
 const EMPTY: i64 = i64::MIN;
 
 #[derive(Clone, Copy, Debug)]
@@ -288,9 +294,9 @@ impl SeriesState {
         self.last = Some(point);
         let base = if window_ms > 0 {
             let window = &mut self.window;
-            while window
-                .front()
-                .is_some_and(|p| p.timestamp < timestamp - window_ms)
+            let window_start = timestamp.saturating_sub(window_ms);
+            while window.front().is_some_and(|p| p.timestamp < window_start)
+                || window.len() >= MAX_WINDOW_POINTS
             {
                 window.pop_front();
             }
@@ -308,7 +314,7 @@ impl SeriesState {
         {
             *d = now - then;
         }
-        let dt = (timestamp - base.timestamp) as f64 / 1000.0;
+        let dt = timestamp.saturating_sub(base.timestamp) as f64 / 1000.0;
         let value = match def.formula {
             Formula::Ratio if delta[1] > 0.0 => delta[0] / delta[1],
             Formula::OnePlusRatio if delta[1] > 0.0 => 1.0 + delta[0] / delta[1],
@@ -407,6 +413,44 @@ mod tests {
         // At 4000 the window [2000, 4000] starts at 2000: (15-10)/(40-10).
         feed(&mut s, d, 0, 4000, 15.0, w);
         assert_eq!(feed(&mut s, d, 1, 4000, 40.0, w), Some(5.0 / 30.0));
+    }
+
+    #[test]
+    fn window_holds_a_bounded_number_of_points() {
+        let d = def("vllm:prefix_cache_hit_ratio");
+        let mut s = SeriesState::new(0, 0.0, 0);
+        // One point a millisecond into an hour-long window: the rate is taken over the
+        // last MAX_WINDOW_POINTS points, the state never holds more.
+        let w = 3_600_000;
+        let n = MAX_WINDOW_POINTS as i64 * 3;
+        let mut last = None;
+        for ts in 1..=n {
+            feed(&mut s, d, 0, ts, ts as f64, w);
+            last = feed(&mut s, d, 1, ts, 2.0 * ts as f64, w);
+            assert!(s.window.len() <= MAX_WINDOW_POINTS);
+        }
+        assert_eq!(s.window.len(), MAX_WINDOW_POINTS);
+        assert_eq!(last, Some(0.5), "still the right ratio");
+    }
+
+    #[test]
+    fn extreme_timestamps_neither_panic_nor_wrap() {
+        for w in [0, 60_000] {
+            let d = def("vllm:mfu_ratio");
+            let mut s = SeriesState::new(0, 1e15, 0);
+            feed(&mut s, d, 0, i64::MIN + 1, 0.0, w);
+            let got = feed(&mut s, d, 0, i64::MAX, 6e15, w);
+            // Either nothing (outside the window) or a finite, non-negative value.
+            if let Some(v) = got {
+                assert!(v.is_finite() && v >= 0.0, "{v}");
+            }
+            let d = def("vllm:prefix_cache_hit_ratio");
+            let mut s = SeriesState::new(0, 0.0, 0);
+            for ts in [i64::MIN + 1, i64::MIN + 2, i64::MAX - 1, i64::MAX] {
+                feed(&mut s, d, 0, ts, 1.0, w);
+                feed(&mut s, d, 1, ts, 2.0, w);
+            }
+        }
     }
 
     #[test]

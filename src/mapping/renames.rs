@@ -18,6 +18,10 @@ use ahash::AHashMap;
 /// Input names tracked one by one; more share their pack's `other` slot.
 pub const RENAME_SLOTS: usize = 4096;
 
+/// The longest `from`, `to` and `rule` together that get a slot of their own (the
+/// built-in packs' longest is far below; names of 64 KiB share `other`).
+pub const SLOT_TEXT_BYTES: usize = 8192;
+
 /// The `from` of the overflow slots.
 pub const OTHER: &str = "other";
 
@@ -98,8 +102,13 @@ pub struct RenameSeen {
 }
 
 impl RenameTracker {
-    /// The slot of `from` renamed by `pack` (to `to`, by `rule`).
+    /// The slot of `from` renamed by `pack` (to `to`, by `rule`). Names whose texts
+    /// together pass [`SLOT_TEXT_BYTES`] share the pack's `other` slot, as names past
+    /// [`RENAME_SLOTS`] do: slots are kept for good, and names may be 64 KiB each.
     pub fn slot(&self, pack: u16, from: &str, to: &str, rule: &str) -> u32 {
+        if from.len() + to.len() + rule.len() > SLOT_TEXT_BYTES {
+            return other_slot(pack);
+        }
         let Ok(mut guard) = self.slots.lock() else {
             return other_slot(pack);
         };
@@ -232,5 +241,15 @@ mod tests {
             "bounded: the rest share `other`"
         );
         assert!(snap.iter().any(|s| s.from == OTHER && s.samples == 3));
+    }
+
+    #[test]
+    fn long_names_share_the_other_slot() {
+        let t = RenameTracker::default();
+        let long = "x".repeat(SLOT_TEXT_BYTES);
+        assert_eq!(t.slot(3, &long, "new", "r"), other_slot(3));
+        assert_eq!(t.slot(3, "old", &long, "r"), other_slot(3));
+        assert!(t.snapshot().iter().all(|s| s.from.len() < SLOT_TEXT_BYTES));
+        assert_ne!(t.slot(3, "old", "new", "r"), other_slot(3));
     }
 }

@@ -181,6 +181,7 @@ impl AppState {
                 series: d.series_count(),
                 evicted_stale: load(&c.evicted_stale),
                 evicted_limit: load(&c.evicted_limit),
+                label_bytes: load(&c.label_bytes),
                 incomplete: load(&c.incomplete),
                 no_peak: load(&c.no_peak),
                 ranks_gone: load(&c.ranks_gone),

@@ -188,10 +188,22 @@ pub struct DecodedRequest {
     /// family has its [`MetadataView`]): the series after it, of the same name, skip the
     /// family lookup. An empty name when none.
     pub(super) md_last: (Span, u8),
+    /// The bytes this request's view may take ([`VIEW_FACTOR`] times its decoded size,
+    /// plus [`VIEW_SLACK`]).
+    pub(super) view_limit: usize,
     /// Tests: every 2.0 series through the general path, to compare the fast one with.
     #[cfg(test)]
     pub(super) general_only: bool,
 }
+
+/// The view of a request (its series, labels, samples, … as spans) may take this many
+/// times the request's decoded size. What a sender writes is about one time (a 300-byte
+/// series with one sample takes about 250 bytes of view); a request of nothing but tiny
+/// samples (`12 00`, two bytes, each 24 bytes of view) or series would take twelve
+/// times, outside what the memory bound counts an in-flight byte at.
+pub const VIEW_FACTOR: usize = 3;
+/// View bytes every request may take whatever its size.
+pub const VIEW_SLACK: usize = 1 << 20;
 
 impl DecodedRequest {
     pub fn clear(&mut self) {
@@ -216,6 +228,73 @@ impl DecodedRequest {
         self.samples.len()
     }
 
+    /// What this request's view takes (entries held, not the vectors' capacities, which
+    /// earlier requests may have grown).
+    pub fn view_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.series.len() * size_of::<SeriesView>()
+            + self.labels.len() * size_of::<LabelSpan>()
+            + self.samples.len() * size_of::<SampleView>()
+            + self.exemplars.len() * size_of::<ExemplarView>()
+            + self.histograms.len() * size_of::<HistogramView>()
+            + self.metadata.len() * size_of::<MetadataView>()
+            + self.refs.len() * size_of::<u32>()
+            + self.symbols.len() * size_of::<Span>()
+    }
+
+    /// Bytes the view's vectors hold (what a pooled workspace keeps).
+    pub fn retained_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.series.capacity() * size_of::<SeriesView>()
+            + self.labels.capacity() * size_of::<LabelSpan>()
+            + self.samples.capacity() * size_of::<SampleView>()
+            + self.exemplars.capacity() * size_of::<ExemplarView>()
+            + self.histograms.capacity() * size_of::<HistogramView>()
+            + self.metadata.capacity() * size_of::<MetadataView>()
+            + self.refs.capacity() * size_of::<u32>()
+            + self.symbols.capacity() * size_of::<Span>()
+            + self.sorted_names.capacity() * size_of::<Span>()
+            + self.md_index.capacity() * 16
+    }
+
+    pub(super) fn set_view_limit(&mut self, decoded_len: usize) {
+        self.view_limit = decoded_len
+            .saturating_mul(VIEW_FACTOR)
+            .saturating_add(VIEW_SLACK);
+    }
+
+    /// The view past its limit: checked once per series (series and labels grow by at
+    /// most a series' worth between checks).
+    #[inline(always)]
+    pub(super) fn check_view(&self) -> Result<(), DecodeError> {
+        if self.view_bytes() > self.view_limit {
+            return Err(self.view_error());
+        }
+        Ok(())
+    }
+
+    #[cold]
+    pub(super) fn view_error(&self) -> DecodeError {
+        DecodeError::ViewTooLarge {
+            limit: self.view_limit,
+            factor: VIEW_FACTOR,
+        }
+    }
+
+    /// Room for one more entry in `v` (samples, exemplars, histograms: one series may
+    /// hold millions, so this is checked within a series): always while the vector has
+    /// room; when it must grow (rarely), only if the view stays within its limit after
+    /// growing.
+    #[inline(always)]
+    pub(super) fn has_room<T>(&self, v: &Vec<T>) -> bool {
+        v.len() < v.capacity() || self.growth_fits(v.capacity().max(64) * std::mem::size_of::<T>())
+    }
+
+    #[cold]
+    fn growth_fits(&self, growth: usize) -> bool {
+        self.view_bytes() + growth <= self.view_limit
+    }
+
     pub fn histogram_count(&self) -> usize {
         self.histograms.len()
     }
@@ -228,6 +307,7 @@ impl DecodedRequest {
         }
         // 1.0 spells every label out already.
         self.expanded_bytes = buf.len();
+        self.set_view_limit(buf.len());
         let mut v2_fields = false;
         let mut r = Reader::new(buf, 0, buf.len());
         // Every series (field 1, length-delimited: key 0x0a) in a row, before the general
@@ -238,6 +318,7 @@ impl DecodedRequest {
             }
             let (s, e) = r.len_delimited()?;
             self.decode_series(buf, s, e, &limits)?;
+            self.check_view()?;
         }
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -249,6 +330,7 @@ impl DecodedRequest {
                     }
                     let (s, e) = r.len_delimited()?;
                     self.decode_series(buf, s, e, &limits)?;
+                    self.check_view()?;
                 }
                 3 => {
                     r.expect(wire, WIRE_LEN, "WriteRequest.metadata")?;
@@ -296,6 +378,9 @@ impl DecodedRequest {
         let mut other_fields = false;
         while r.eat(0x12) {
             let (s, e) = r.len_delimited()?;
+            if !self.has_room(&self.samples) {
+                return Err(self.view_error());
+            }
             self.samples
                 .push(decode_sample(buf, s, e, &mut other_fields)?);
         }
@@ -309,6 +394,9 @@ impl DecodedRequest {
                 2 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
                     let (s, e) = r.len_delimited()?;
+                    if !self.has_room(&self.samples) {
+                        return Err(self.view_error());
+                    }
                     self.samples
                         .push(decode_sample(buf, s, e, &mut other_fields)?);
                 }
@@ -324,6 +412,9 @@ impl DecodedRequest {
                         decode_histogram_timestamp(buf, s, e)?;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     other_fields |= foreign_field_17;
+                    if !self.has_room(&self.histograms) {
+                        return Err(self.view_error());
+                    }
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
@@ -466,6 +557,9 @@ impl DecodedRequest {
                 return None;
             }
             let sample = sample_in_usual_shape(buf, start + p + 2, start + p + 2 + len)?;
+            if !self.has_room(&self.samples) {
+                return None;
+            }
             self.samples.push(sample);
             p += 2 + len;
         }
@@ -514,6 +608,9 @@ impl DecodedRequest {
             if f == field {
                 let (s, e) = r.len_delimited()?;
                 let ex = decode(self, buf, s, e)?;
+                if !self.has_room(&self.exemplars) {
+                    return Err(self.view_error());
+                }
                 self.exemplars.push(ex);
             } else {
                 r.skip(wire)?;
@@ -568,6 +665,9 @@ impl DecodedRequest {
                     r.expect(wire, WIRE_LEN, "Exemplar.labels")?;
                     let (s, e) = r.len_delimited()?;
                     let label = decode_label(buf, s, e)?;
+                    if !self.has_room(&self.labels) {
+                        return Err(self.view_error());
+                    }
                     self.labels.push(label);
                 }
                 2 => {
@@ -1118,6 +1218,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A series `{__name__="a"}` with `n` samples of two bytes each (`12 00`: value 0 at
+    /// time 0), `series` times.
+    fn tiny_samples(series: usize, n: usize) -> Vec<u8> {
+        let mut ts = Vec::new();
+        crate::wire::pb::put_bytes_field(&mut ts, 1, b"\x0a\x08__name__\x12\x01a");
+        for _ in 0..n {
+            ts.extend_from_slice(&[0x12, 0x00]);
+        }
+        let mut body = Vec::new();
+        for _ in 0..series {
+            crate::wire::pb::put_bytes_field(&mut body, 1, &ts);
+        }
+        body
+    }
+
+    #[test]
+    fn a_view_far_larger_than_the_request_is_refused_as_too_large() {
+        // 2 MB of two-byte samples would take 24 MB as a view: twelve times.
+        let body = tiny_samples(1, 1 << 20);
+        let mut d = DecodedRequest::default();
+        let err = d.decode(&body, DecodeLimits::default()).unwrap_err();
+        assert!(matches!(err, DecodeError::ViewTooLarge { .. }), "{err}");
+        assert!(err.is_too_large());
+        assert!(
+            d.samples.capacity() * std::mem::size_of::<SampleView>()
+                <= VIEW_FACTOR * body.len() + VIEW_SLACK,
+            "stopped before growing past the limit"
+        );
+        // Spread over many series, the same.
+        let body = tiny_samples(1 << 14, 64);
+        let err = d.decode(&body, DecodeLimits::default()).unwrap_err();
+        assert!(matches!(err, DecodeError::ViewTooLarge { .. }), "{err}");
+        // The same samples in a request of their size decode: small requests have the
+        // slack, and a sender's usual samples (value and timestamp) are not tiny.
+        let small = tiny_samples(1, 1 << 12);
+        d.decode(&small, DecodeLimits::default()).unwrap();
+        assert_eq!(d.samples.len(), 1 << 12);
+        let usual = WriteRequest {
+            timeseries: vec![crate::wire::proto::prometheus::TimeSeries {
+                labels: vec![Label {
+                    name: "__name__".into(),
+                    value: "up".into(),
+                }],
+                samples: (0..200_000)
+                    .map(|i| Sample {
+                        value: 0.0,
+                        timestamp: 1_700_000_000_000 + i,
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            metadata: vec![],
+        }
+        .encode_to_vec();
+        d.decode(&usual, DecodeLimits::default()).unwrap();
+        assert_eq!(d.samples.len(), 200_000);
     }
 
     fn encode(series: Vec<Vec<(&[u8], &[u8])>>, samples: &[(f64, i64)]) -> Vec<u8> {

@@ -68,6 +68,7 @@ impl DecodedRequest {
             return Err(DecodeError::TooLarge);
         }
         self.expanded_bytes = buf.len();
+        self.set_view_limit(buf.len());
         // Symbols first: fields may come in any order, and series refer to them.
         let mut r = Reader::new(buf, 0, buf.len());
         while !r.is_done() {
@@ -95,6 +96,7 @@ impl DecodedRequest {
         {
             return Err(DecodeError::FirstSymbolNotEmpty);
         }
+        self.check_view()?;
         let mut r = Reader::new(buf, 0, buf.len());
         while !r.is_done() {
             let (field, wire) = r.key()?;
@@ -105,6 +107,7 @@ impl DecodedRequest {
                 }
                 let (s, e) = r.len_delimited()?;
                 self.decode_series_v2(buf, s, e, &limits)?;
+                self.check_view()?;
             } else {
                 r.skip(wire)?;
             }
@@ -185,6 +188,9 @@ impl DecodedRequest {
                 });
             }
         }
+        if !self.has_room(&self.labels) {
+            return Err(self.view_error());
+        }
         self.labels.push(LabelSpan { name, value });
         // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
         self.expanded_bytes = self
@@ -264,6 +270,9 @@ impl DecodedRequest {
                     let (s, e) = r.len_delimited()?;
                     let smp = decode_sample_v2(buf, s, e)?;
                     self.has_start_timestamps |= smp.start_timestamp != 0;
+                    if !self.has_room(&self.samples) {
+                        return Err(self.view_error());
+                    }
                     self.samples.push(smp);
                 }
                 3 => {
@@ -274,6 +283,9 @@ impl DecodedRequest {
                     // cut out for 1.0 backends.
                     self.has_start_timestamps |= start_field;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
+                    if !self.has_room(&self.histograms) {
+                        return Err(self.view_error());
+                    }
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
@@ -463,6 +475,9 @@ impl DecodedRequest {
                 return None;
             }
             let at = start + p + 2;
+            if !self.has_room(&self.samples) {
+                return None;
+            }
             self.samples
                 .push(super::decode::sample_in_usual_shape(buf, at, at + len)?);
             p += 2 + len;

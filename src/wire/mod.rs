@@ -46,6 +46,10 @@ pub enum DecodeError {
         "request would be over {limit} bytes with its label references spelled out (limits.max_decoded_bytes)"
     )]
     ExpandedTooLarge { limit: usize },
+    #[error(
+        "request would take over {limit} bytes decoded into series, labels and samples ({factor} times its decoded size: very many tiny series, labels or samples)"
+    )]
+    ViewTooLarge { limit: usize, factor: usize },
     #[error("protobuf: truncated message")]
     Truncated,
     #[error("protobuf: varint overflow")]
@@ -99,6 +103,7 @@ impl DecodeError {
                 | DecodeError::TooManySeries(_)
                 | DecodeError::TooLarge
                 | DecodeError::ExpandedTooLarge { .. }
+                | DecodeError::ViewTooLarge { .. }
         )
     }
 }

@@ -231,6 +231,70 @@ fn a_2_0_request_that_expands_past_the_limit_is_refused_before_it_is_built() {
     );
 }
 
+/// A 1.0 request of one series with `samples` two-byte samples (`12 00`: value 0 at time
+/// 0), snappy-compressed: tiny on the wire, twelve times its decoded size as a view.
+fn tiny_samples_body(samples: usize) -> Vec<u8> {
+    let mut ts = Vec::with_capacity(2 * samples + 32);
+    ts.extend_from_slice(b"\x0a\x0f\x0a\x08__name__\x12\x03tiny");
+    for _ in 0..samples {
+        ts.extend_from_slice(&[0x12, 0x00]);
+    }
+    let mut raw = vec![0x0a];
+    let mut len = ts.len();
+    while len >= 0x80 {
+        raw.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    raw.push(len as u8);
+    raw.extend_from_slice(&ts);
+    snap::raw::Encoder::new().compress_vec(&raw).unwrap()
+}
+
+/// 24 MB of two-byte samples would take 288 MB decoded into the view (24 bytes a
+/// sample), outside what the memory bound counts a request at: refused with `413` while
+/// decoding, before the view grows past three times the request; a request of usual
+/// samples is served after it.
+#[test]
+fn a_request_of_tiny_samples_is_refused_before_its_view_outgrows_it() {
+    let (backend, seen) = recording_backend();
+    let served = Served::start(
+        &format!(
+            "backends:\n  - url: http://{backend}/api/v1/write\n\
+             limits:\n  max_body_bytes: 16777216\n  max_decoded_bytes: 50331648\n  max_inflight_bytes: 134217728\n"
+        ),
+        &[],
+    );
+    let body = tiny_samples_body(12 << 20);
+    println!("tiny-samples request: {} bytes compressed", body.len());
+    let base = peak_rss_kib(served.child.id());
+    let (code, reason) = raw_post(served.addr, "/api/v1/write", RW_HEADERS, &body);
+    let peak = peak_rss_kib(served.child.id());
+    let (ok, ok_reason) = raw_post(
+        served.addr,
+        "/api/v1/write",
+        RW_HEADERS,
+        &encode(&pb::WriteRequest {
+            timeseries: vec![series(&[("__name__", "up")], &[(1.0, 1_700_000_000_000)])],
+            metadata: vec![],
+        }),
+    );
+    let log = served.stop();
+    println!("VmHWM before {base} KiB, after the tiny-samples request {peak} KiB");
+    assert_eq!(code, 413, "{reason}\n{log}");
+    assert!(reason.contains("decoded into series"), "{reason}");
+    assert!(
+        peak < base + 160 * 1024,
+        "the refused request took {} KiB",
+        peak - base
+    );
+    assert_eq!(ok, 204, "{ok_reason}\n{log}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "only the usual request is sent"
+    );
+}
+
 /// A backend that answers 204 and records each request's Authorization header (empty
 /// without one).
 fn recording_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {

@@ -364,3 +364,78 @@ fn new_series_at_the_state_limit_cost_about_what_they_cost_below_it() {
         "at the limit {at:.4}s vs {below:.4}s below it"
     );
 }
+
+/// Label values may be 64 KiB each: the derive state holds at most `max_series` × 256
+/// bytes of label sets, however long they are, evicting by CLOCK to make room; one label
+/// set over 16 KiB is never kept. Both counted.
+#[test]
+fn derived_state_is_bounded_in_label_bytes() {
+    use promnorm::derive::{LABEL_BYTES_PER_SERIES, MAX_LABEL_SET_BYTES};
+    use prost::Message;
+    use std::sync::atomic::Ordering::Relaxed;
+    const MAX_SERIES: usize = 1_000;
+    let pipeline = promnorm::config::Config::parse(
+        &format!("listen: 127.0.0.1:1\nderived:\n  max_series: {MAX_SERIES}\n"),
+        "t.yaml",
+    )
+    .unwrap()
+    .pipeline()
+    .unwrap();
+    let d = pipeline.deriver().unwrap().clone();
+    let budget = MAX_SERIES * LABEL_BYTES_PER_SERIES;
+    let mut ws = pipeline.take_workspace();
+    // Engines with a 4 KiB label: 16 of them fill what 1,000 short ones would.
+    let pad = "p".repeat(4 << 10);
+    for round in 0..20 {
+        let timeseries = (0..50)
+            .flat_map(|i| {
+                let engine = format!("{round}-{i}");
+                [(HITS, 10.0), (QUERIES, 40.0)].map(|(name, v)| {
+                    series(
+                        &[("__name__", name), ("engine", &engine), ("pad", &pad)],
+                        &[(v, BASE_TS)],
+                    )
+                })
+            })
+            .collect();
+        let body = pb::WriteRequest {
+            timeseries,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        pipeline.process_raw(&mut ws, &body).expect("valid");
+        assert!(d.label_bytes() <= budget, "{} > {budget}", d.label_bytes());
+    }
+    assert!(d.series_count() < MAX_SERIES, "the bytes bound first");
+    assert!(
+        d.label_bytes() > budget - 2 * (4 << 10),
+        "filled up to the bound"
+    );
+    assert!(
+        d.counters.label_bytes.load(Relaxed) > 0,
+        "room made by eviction, counted"
+    );
+    assert_eq!(
+        d.counters.evicted_limit.load(Relaxed),
+        0,
+        "never full in series"
+    );
+    // One label set over the per-series cap is not kept, and says so.
+    let huge = "h".repeat(MAX_LABEL_SET_BYTES);
+    let before = (d.series_count(), d.counters.label_bytes.load(Relaxed));
+    let body = pb::WriteRequest {
+        timeseries: [(HITS, 10.0), (QUERIES, 40.0)]
+            .map(|(name, v)| {
+                series(
+                    &[("__name__", name), ("engine", "huge"), ("pad", &huge)],
+                    &[(v, BASE_TS)],
+                )
+            })
+            .to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    pipeline.process_raw(&mut ws, &body).expect("valid");
+    assert_eq!(d.series_count(), before.0);
+    assert!(d.counters.label_bytes.load(Relaxed) > before.1);
+}

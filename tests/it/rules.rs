@@ -1170,6 +1170,23 @@ fn names_too_long_to_cache_still_get_their_rules() {
     }
 }
 
+/// Every rename and family of the built-in packs gets a slot of its own: the byte bound
+/// on a slot's texts (names of 64 KiB share `other`) is far above what they need.
+#[test]
+fn built_in_packs_fit_the_cut_over_slots() {
+    use promnorm::mapping::renames::{OTHER, SLOT_TEXT_BYTES};
+    let p = pipeline("packs:\n  builtin: all\n");
+    for tracker in [p.rules().renames(), p.rules().families()] {
+        let snap = tracker.snapshot();
+        assert!(!snap.is_empty());
+        for s in snap {
+            assert_ne!(s.from, OTHER);
+            let len = s.from.len() + s.to.len() + s.rule.len();
+            assert!(len * 4 < SLOT_TEXT_BYTES, "{len}: {}", s.rule);
+        }
+    }
+}
+
 /// `has_labels` (SGLang's priority breakdown): the rule applies to the series carrying
 /// the label with a value, in the pipeline and in the migrate rewriter; the totals,
 /// without it (or with it empty), stay in the family.

@@ -701,6 +701,11 @@ impl Queue {
                     samples[i],
                 ));
             }
+            // One huge request must not pin its worst-case buffer in every thread for
+            // good (16 MiB: the pooled workspaces are freed past the same size).
+            if compressed.capacity() > 16 << 20 {
+                *compressed = Vec::new();
+            }
         });
         Ok(out)
     }

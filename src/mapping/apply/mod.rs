@@ -108,9 +108,43 @@ pub struct Mapper {
     pub stats: MapStats,
 }
 
+/// Bytes a vector's capacity holds.
+fn held<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
+}
+
 impl Mapper {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Bytes the mapper's per-request buffers hold between requests (what a pooled
+    /// workspace keeps). Not the name caches: they have bounds of their own
+    /// ([`super::cache::NAME_CACHE_BYTES`]), and counting them would free a workspace,
+    /// and its warm caches, after every request of a sender with many names.
+    pub fn retained_bytes(&self) -> usize {
+        held(&self.arena)
+            + held(&self.work)
+            + held(&self.work_sorted)
+            + held(&self.sort_keys)
+            + held(&self.out_series)
+            + held(&self.out_labels)
+            + held(&self.chunks)
+            + held(&self.samples)
+            + held(&self.exemplars)
+            + held(&self.histograms)
+            + held(&self.hist_arena)
+            + held(&self.native_scratch)
+            + held(&self.help_buf)
+            + held(&self.gather_samples)
+            + held(&self.gather_hist)
+            + held(&self.gather_ex)
+            + held(&self.taps)
+            + held(&self.tap_labels)
+            + held(&self.tap_samples)
+            + self.index.capacity() * 16
+            + self.meta_seen.capacity() * 8
+            + self.le_unproven.capacity() * 16
     }
 
     /// Maps `req` (decoded from `buf`) and appends the encoded `WriteRequest` to `out`.
