@@ -103,6 +103,8 @@ impl Workspace {
             .max(self.compressed.capacity())
             .max(self.input_body.capacity())
             .max(self.v2_raw.capacity())
+            .max(self.compressed_v2.capacity())
+            .max(self.v2.retained_bytes())
             .max(self.plain.capacity())
             .max(self.classic.capacity())
             .max(self.tenant_split.retained_bytes())

@@ -86,5 +86,6 @@ impl BodyEncoder {
             .max(self.v2_raw.capacity())
             .max(self.v1_out.capacity())
             .max(self.v2_out.capacity())
+            .max(self.v2.retained_bytes())
     }
 }

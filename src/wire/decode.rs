@@ -263,11 +263,13 @@ impl DecodedRequest {
             .saturating_add(VIEW_SLACK);
     }
 
-    /// The view past its limit: checked once per series (series and labels grow by at
-    /// most a series' worth between checks).
+    /// The view past its limit: checked after every 64th series, so series and their
+    /// labels grow by at most 64 series' worth between checks (at most 64 × (a series'
+    /// view and 1,000 labels) ≈ 1 MiB, the limit's slack); samples, exemplars and
+    /// histograms are checked as their vectors grow.
     #[inline(always)]
     pub(super) fn check_view(&self) -> Result<(), DecodeError> {
-        if self.view_bytes() > self.view_limit {
+        if self.series.len() % 64 == 0 && self.view_bytes() > self.view_limit {
             return Err(self.view_error());
         }
         Ok(())
@@ -293,6 +295,17 @@ impl DecodedRequest {
     #[cold]
     fn growth_fits(&self, growth: usize) -> bool {
         self.view_bytes() + growth <= self.view_limit
+    }
+
+    /// Room for the samples of `bytes` of a series in the usual shape (at least four
+    /// bytes each, `12 02 10 00`): checked once per series, not per sample. False sends
+    /// the series to the general path, which checks sample by sample.
+    #[inline(always)]
+    pub(super) fn room_for_usual_samples(&self, bytes: usize) -> bool {
+        let most = bytes / 4;
+        self.samples.capacity() - self.samples.len() >= most
+            || self
+                .growth_fits(most.max(self.samples.capacity()) * std::mem::size_of::<SampleView>())
     }
 
     pub fn histogram_count(&self) -> usize {
@@ -549,6 +562,9 @@ impl DecodedRequest {
         {
             return None;
         }
+        if !self.room_for_usual_samples(msg.len() - p) {
+            return None;
+        }
         // Sample: 0x12 LEN (value, timestamp).
         while p < msg.len() {
             let head = msg.get(p..p + 2)?;
@@ -557,9 +573,6 @@ impl DecodedRequest {
                 return None;
             }
             let sample = sample_in_usual_shape(buf, start + p + 2, start + p + 2 + len)?;
-            if !self.has_room(&self.samples) {
-                return None;
-            }
             self.samples.push(sample);
             p += 2 + len;
         }

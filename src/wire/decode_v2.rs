@@ -469,15 +469,15 @@ impl DecodedRequest {
         }
         let mut p = refs_end;
         let samples_at = p;
+        if !self.room_for_usual_samples(msg.len().saturating_sub(p)) {
+            return None;
+        }
         while msg.get(p) == Some(&0x12) {
             let len = *msg.get(p + 1)? as usize;
             if len >= 0x80 || p + 2 + len > msg.len() {
                 return None;
             }
             let at = start + p + 2;
-            if !self.has_room(&self.samples) {
-                return None;
-            }
             self.samples
                 .push(super::decode::sample_in_usual_shape(buf, at, at + len)?);
             p += 2 + len;

@@ -181,6 +181,11 @@ impl V2Encoder {
         Self::default()
     }
 
+    /// Bytes held by the encoder's largest buffer (the encoded series).
+    pub fn retained_bytes(&self) -> usize {
+        self.series_out.capacity().max(self.series_buf.capacity())
+    }
+
     /// Encodes `v1` (the mapped request, see the module docs) as a 2.0 `Request` into
     /// `out`, replacing its contents. `memory` supplies metadata for series whose family
     /// the request carries none for.
