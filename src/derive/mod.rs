@@ -98,9 +98,10 @@ pub const RANK_SUM: u16 = u16::MAX;
 
 /// Label-set bytes a series in state may take on average: the state holds at most
 /// `max_series` × this of label sets (and `max_series` series), so label values of up to
-/// 64 KiB cannot take it past the memory bound's share (`config::memory`, 400 bytes a
-/// series with its state).
-pub const LABEL_BYTES_PER_SERIES: usize = 256;
+/// 64 KiB cannot take it far past the memory bound's share (`config::memory`, 400 bytes
+/// a series with its state). Twice a usual Kubernetes label set of ten labels (about
+/// 300 bytes), so that real fleets reach `max_series` first.
+pub const LABEL_BYTES_PER_SERIES: usize = 512;
 
 /// A derived series or group whose label set is longer than this is not kept (counted
 /// as `promnorm_derived_evictions_total{reason="label_bytes"}`).

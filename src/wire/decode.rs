@@ -188,22 +188,51 @@ pub struct DecodedRequest {
     /// family has its [`MetadataView`]): the series after it, of the same name, skip the
     /// family lookup. An empty name when none.
     pub(super) md_last: (Span, u8),
-    /// The bytes this request's view may take ([`VIEW_FACTOR`] times its decoded size,
-    /// plus [`VIEW_SLACK`]).
-    pub(super) view_limit: usize,
+    /// The request's decoded size: the view may take [`VIEW_FACTOR`] times it (or, for
+    /// 2.0, its spelled-out size, `expanded_bytes`, when larger), plus [`VIEW_SLACK`].
+    pub(super) view_base: usize,
     /// Tests: every 2.0 series through the general path, to compare the fast one with.
     #[cfg(test)]
     pub(super) general_only: bool,
 }
 
 /// The view of a request (its series, labels, samples, … as spans) may take this many
-/// times the request's decoded size. What a sender writes is about one time (a 300-byte
-/// series with one sample takes about 250 bytes of view); a request of nothing but tiny
-/// samples (`12 00`, two bytes, each 24 bytes of view) or series would take twelve
-/// times, outside what the memory bound counts an in-flight byte at.
-pub const VIEW_FACTOR: usize = 3;
+/// times the request's decoded size (for 2.0, its size with every label spelled out,
+/// when larger: a label is two or three bytes of references and 16 bytes of view). What
+/// senders write takes one to four times: about one for a usual series (300 bytes, one
+/// sample: 250 of view), 2.7 for samples of value 0 (nine bytes each, 24 of view), 4.75
+/// for the smallest valid series. A request of nothing but two-byte samples (`12 00`)
+/// would take twelve times, and metadata entries of two bytes eighteen.
+pub const VIEW_FACTOR: usize = 6;
 /// View bytes every request may take whatever its size.
 pub const VIEW_SLACK: usize = 1 << 20;
+
+/// Room for one more entry in the view's vector `$s.$v`: while the vector has room, at
+/// once; when it must grow (rarely), only if one more entry keeps the view within its
+/// limit, and then grown by at most what is left of it.
+macro_rules! room {
+    ($s:ident . $v:ident) => {
+        $s.$v.len() < $s.$v.capacity() || {
+            let (view, limit) = ($s.view_bytes(), $s.view_limit());
+            $crate::wire::decode::reserve_within(&mut $s.$v, 1, view, limit)
+        }
+    };
+}
+pub(super) use room;
+
+/// Reserves room for at least `want` more entries in `v` (doubling its capacity, as a
+/// push would, but never past `limit` bytes of view, of which `view` are taken): false,
+/// nothing reserved, when `want` do not fit.
+#[cold]
+#[inline(never)]
+pub(super) fn reserve_within<T>(v: &mut Vec<T>, want: usize, view: usize, limit: usize) -> bool {
+    let allowance = limit.saturating_sub(view) / std::mem::size_of::<T>().max(1);
+    if allowance < want {
+        return false;
+    }
+    v.reserve_exact(v.capacity().max(64).max(want).min(allowance));
+    true
+}
 
 impl DecodedRequest {
     pub fn clear(&mut self) {
@@ -257,19 +286,21 @@ impl DecodedRequest {
             + self.md_index.capacity() * 16
     }
 
-    pub(super) fn set_view_limit(&mut self, decoded_len: usize) {
-        self.view_limit = decoded_len
+    /// The bytes this request's view may take (see [`VIEW_FACTOR`]).
+    pub(super) fn view_limit(&self) -> usize {
+        self.view_base
+            .max(self.expanded_bytes)
             .saturating_mul(VIEW_FACTOR)
-            .saturating_add(VIEW_SLACK);
+            .saturating_add(VIEW_SLACK)
     }
 
     /// The view past its limit: checked after every 64th series, so series and their
     /// labels grow by at most 64 series' worth between checks (at most 64 × (a series'
-    /// view and 1,000 labels) ≈ 1 MiB, the limit's slack); samples, exemplars and
-    /// histograms are checked as their vectors grow.
+    /// view and 1,000 labels) ≈ 1 MiB, the limit's slack); samples, exemplars,
+    /// histograms, metadata, symbols and 2.0's labels are checked as their vectors grow.
     #[inline(always)]
     pub(super) fn check_view(&self) -> Result<(), DecodeError> {
-        if self.series.len() % 64 == 0 && self.view_bytes() > self.view_limit {
+        if self.series.len() % 64 == 0 && self.view_bytes() > self.view_limit() {
             return Err(self.view_error());
         }
         Ok(())
@@ -278,34 +309,22 @@ impl DecodedRequest {
     #[cold]
     pub(super) fn view_error(&self) -> DecodeError {
         DecodeError::ViewTooLarge {
-            limit: self.view_limit,
+            limit: self.view_limit(),
             factor: VIEW_FACTOR,
         }
     }
 
-    /// Room for one more entry in `v` (samples, exemplars, histograms: one series may
-    /// hold millions, so this is checked within a series): always while the vector has
-    /// room; when it must grow (rarely), only if the view stays within its limit after
-    /// growing.
-    #[inline(always)]
-    pub(super) fn has_room<T>(&self, v: &Vec<T>) -> bool {
-        v.len() < v.capacity() || self.growth_fits(v.capacity().max(64) * std::mem::size_of::<T>())
-    }
-
-    #[cold]
-    fn growth_fits(&self, growth: usize) -> bool {
-        self.view_bytes() + growth <= self.view_limit
-    }
-
     /// Room for the samples of `bytes` of a series in the usual shape (at least four
-    /// bytes each, `12 02 10 00`): checked once per series, not per sample. False sends
-    /// the series to the general path, which checks sample by sample.
+    /// bytes each, `12 02 10 00`), made once per series so that its loop pushes without
+    /// growing. False sends the series to the general path, which checks sample by
+    /// sample (the bound of four bytes a sample overestimates most series' samples).
     #[inline(always)]
-    pub(super) fn room_for_usual_samples(&self, bytes: usize) -> bool {
+    pub(super) fn room_for_usual_samples(&mut self, bytes: usize) -> bool {
         let most = bytes / 4;
-        self.samples.capacity() - self.samples.len() >= most
-            || self
-                .growth_fits(most.max(self.samples.capacity()) * std::mem::size_of::<SampleView>())
+        self.samples.capacity() - self.samples.len() >= most || {
+            let (view, limit) = (self.view_bytes(), self.view_limit());
+            reserve_within(&mut self.samples, most, view, limit)
+        }
     }
 
     pub fn histogram_count(&self) -> usize {
@@ -320,7 +339,7 @@ impl DecodedRequest {
         }
         // 1.0 spells every label out already.
         self.expanded_bytes = buf.len();
-        self.set_view_limit(buf.len());
+        self.view_base = buf.len();
         let mut v2_fields = false;
         let mut r = Reader::new(buf, 0, buf.len());
         // Every series (field 1, length-delimited: key 0x0a) in a row, before the general
@@ -391,7 +410,7 @@ impl DecodedRequest {
         let mut other_fields = false;
         while r.eat(0x12) {
             let (s, e) = r.len_delimited()?;
-            if !self.has_room(&self.samples) {
+            if !room!(self.samples) {
                 return Err(self.view_error());
             }
             self.samples
@@ -407,7 +426,7 @@ impl DecodedRequest {
                 2 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
                     let (s, e) = r.len_delimited()?;
-                    if !self.has_room(&self.samples) {
+                    if !room!(self.samples) {
                         return Err(self.view_error());
                     }
                     self.samples
@@ -425,7 +444,7 @@ impl DecodedRequest {
                         decode_histogram_timestamp(buf, s, e)?;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     other_fields |= foreign_field_17;
-                    if !self.has_room(&self.histograms) {
+                    if !room!(self.histograms) {
                         return Err(self.view_error());
                     }
                     self.histograms.push(HistogramView {
@@ -621,7 +640,7 @@ impl DecodedRequest {
             if f == field {
                 let (s, e) = r.len_delimited()?;
                 let ex = decode(self, buf, s, e)?;
-                if !self.has_room(&self.exemplars) {
+                if !room!(self.exemplars) {
                     return Err(self.view_error());
                 }
                 self.exemplars.push(ex);
@@ -678,7 +697,7 @@ impl DecodedRequest {
                     r.expect(wire, WIRE_LEN, "Exemplar.labels")?;
                     let (s, e) = r.len_delimited()?;
                     let label = decode_label(buf, s, e)?;
-                    if !self.has_room(&self.labels) {
+                    if !room!(self.labels) {
                         return Err(self.view_error());
                     }
                     self.labels.push(label);
@@ -733,6 +752,9 @@ impl DecodedRequest {
                 }
                 _ => r.skip(wire)?,
             }
+        }
+        if !room!(self.metadata) {
+            return Err(self.view_error());
         }
         self.metadata.push(md);
         Ok(())
@@ -1289,6 +1311,54 @@ mod tests {
         .encode_to_vec();
         d.decode(&usual, DecodeLimits::default()).unwrap();
         assert_eq!(d.samples.len(), 200_000);
+    }
+
+    /// Samples of value 0 (nine bytes each, 2.7 times as a view) decode at any count, on
+    /// a fresh decoder and on one earlier requests grew: the limit counts entries, not
+    /// what the vectors happen to hold.
+    #[test]
+    fn the_view_limit_does_not_depend_on_what_earlier_requests_grew() {
+        let zeros = |series: usize, per_series: usize| {
+            WriteRequest {
+                timeseries: (0..series)
+                    .map(|i| crate::wire::proto::prometheus::TimeSeries {
+                        labels: vec![Label {
+                            name: "__name__".into(),
+                            value: format!("z{i}"),
+                        }],
+                        samples: (0..per_series)
+                            .map(|t| Sample {
+                                value: 0.0,
+                                timestamp: 1_700_000_000_000 + t as i64,
+                            })
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                metadata: vec![],
+            }
+            .encode_to_vec()
+        };
+        let mut warm = DecodedRequest::default();
+        for (series, per_series) in [(1, 70_000), (1, 200_000), (1, 300_000), (5_000, 100)] {
+            let body = zeros(series, per_series);
+            let mut fresh = DecodedRequest::default();
+            for d in [&mut fresh, &mut warm] {
+                d.decode(&body, DecodeLimits::default())
+                    .unwrap_or_else(|e| panic!("{series} x {per_series}: {e}"));
+                assert_eq!(d.samples.len(), series * per_series);
+            }
+        }
+    }
+
+    /// Metadata entries of two bytes (`1a 00`) take eighteen times as a view: a request
+    /// of nothing else is refused too.
+    #[test]
+    fn a_request_of_tiny_metadata_is_refused() {
+        let body = [0x1a, 0x00].repeat(1 << 20);
+        let mut d = DecodedRequest::default();
+        let err = d.decode(&body, DecodeLimits::default()).unwrap_err();
+        assert!(matches!(err, DecodeError::ViewTooLarge { .. }), "{err}");
     }
 
     fn encode(series: Vec<Vec<(&[u8], &[u8])>>, samples: &[(f64, i64)]) -> Vec<u8> {

@@ -365,7 +365,7 @@ fn new_series_at_the_state_limit_cost_about_what_they_cost_below_it() {
     );
 }
 
-/// Label values may be 64 KiB each: the derive state holds at most `max_series` × 256
+/// Label values may be 64 KiB each: the derive state holds at most `max_series` × 512
 /// bytes of label sets, however long they are, evicting by CLOCK to make room; one label
 /// set over 16 KiB is never kept. Both counted.
 #[test]
@@ -384,7 +384,7 @@ fn derived_state_is_bounded_in_label_bytes() {
     let d = pipeline.deriver().unwrap().clone();
     let budget = MAX_SERIES * LABEL_BYTES_PER_SERIES;
     let mut ws = pipeline.take_workspace();
-    // Engines with a 4 KiB label: 16 of them fill what 1,000 short ones would.
+    // Engines with a 4 KiB label: about 125 of them fill what 1,000 short ones would.
     let pad = "p".repeat(4 << 10);
     for round in 0..20 {
         let timeseries = (0..50)
