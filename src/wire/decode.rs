@@ -257,32 +257,40 @@ impl DecodedRequest {
         self.samples.len()
     }
 
+    /// The view's vectors as (entries, capacity, bytes an entry).
+    fn view_vectors(&self) -> [(usize, usize, usize); 8] {
+        fn of<T>(v: &Vec<T>) -> (usize, usize, usize) {
+            (v.len(), v.capacity(), std::mem::size_of::<T>())
+        }
+        [
+            of(&self.series),
+            of(&self.labels),
+            of(&self.samples),
+            of(&self.exemplars),
+            of(&self.histograms),
+            of(&self.metadata),
+            of(&self.refs),
+            of(&self.symbols),
+        ]
+    }
+
     /// What this request's view takes (entries held, not the vectors' capacities, which
     /// earlier requests may have grown).
     pub fn view_bytes(&self) -> usize {
-        use std::mem::size_of;
-        self.series.len() * size_of::<SeriesView>()
-            + self.labels.len() * size_of::<LabelSpan>()
-            + self.samples.len() * size_of::<SampleView>()
-            + self.exemplars.len() * size_of::<ExemplarView>()
-            + self.histograms.len() * size_of::<HistogramView>()
-            + self.metadata.len() * size_of::<MetadataView>()
-            + self.refs.len() * size_of::<u32>()
-            + self.symbols.len() * size_of::<Span>()
+        self.view_vectors()
+            .iter()
+            .map(|(n, _, size)| n * size)
+            .sum()
     }
 
     /// Bytes the view's vectors hold (what a pooled workspace keeps).
     pub fn retained_bytes(&self) -> usize {
-        use std::mem::size_of;
-        self.series.capacity() * size_of::<SeriesView>()
-            + self.labels.capacity() * size_of::<LabelSpan>()
-            + self.samples.capacity() * size_of::<SampleView>()
-            + self.exemplars.capacity() * size_of::<ExemplarView>()
-            + self.histograms.capacity() * size_of::<HistogramView>()
-            + self.metadata.capacity() * size_of::<MetadataView>()
-            + self.refs.capacity() * size_of::<u32>()
-            + self.symbols.capacity() * size_of::<Span>()
-            + self.sorted_names.capacity() * size_of::<Span>()
+        let held: usize = self
+            .view_vectors()
+            .iter()
+            .map(|(_, c, size)| c * size)
+            .sum();
+        held + self.sorted_names.capacity() * std::mem::size_of::<Span>()
             + self.md_index.capacity() * 16
     }
 

@@ -216,18 +216,34 @@ fn a_2_0_request_that_expands_past_the_limit_is_refused_before_it_is_built() {
     println!(
         "VmHWM before {base} KiB, after the amplified request {peak} KiB, after one that fits {after_fits} KiB"
     );
-    assert_eq!(code, 413, "{reason}\n{log}");
-    assert!(reason.contains("label references"), "{reason}");
-    assert!(
-        peak < base + 64 * 1024,
-        "the refused request took {} KiB",
-        peak - base
+    assert_refused_413(
+        (code, &reason),
+        "label references",
+        (base, peak, 64 << 10),
+        &log,
     );
     assert_eq!(fits_code, 204, "{fits_reason}\n{log}");
     assert_eq!(
         seen.lock().unwrap().len(),
         1,
         "only the request that fits is sent"
+    );
+}
+
+/// A `413` whose reason says `says`, and the process' peak memory (`VmHWM`, KiB) grown by
+/// less than `max_kib` from `base` to `peak` while refusing it.
+fn assert_refused_413(
+    (code, reason): (u16, &str),
+    says: &str,
+    (base, peak, max_kib): (u64, u64, u64),
+    log: &str,
+) {
+    assert_eq!(code, 413, "{reason}\n{log}");
+    assert!(reason.contains(says), "{reason}");
+    assert!(
+        peak < base + max_kib,
+        "the refused request took {} KiB",
+        peak - base
     );
 }
 
@@ -280,12 +296,11 @@ fn a_request_of_tiny_samples_is_refused_before_its_view_outgrows_it() {
     );
     let log = served.stop();
     println!("VmHWM before {base} KiB, after the tiny-samples request {peak} KiB");
-    assert_eq!(code, 413, "{reason}\n{log}");
-    assert!(reason.contains("decoded into series"), "{reason}");
-    assert!(
-        peak < base + 300 * 1024,
-        "the refused request took {} KiB",
-        peak - base
+    assert_refused_413(
+        (code, &reason),
+        "decoded into series",
+        (base, peak, 300 << 10),
+        &log,
     );
     assert_eq!(ok, 204, "{ok_reason}\n{log}");
     assert_eq!(
