@@ -207,18 +207,21 @@ pub const VIEW_FACTOR: usize = 6;
 /// View bytes every request may take whatever its size.
 pub const VIEW_SLACK: usize = 1 << 20;
 
-/// Room for one more entry in the view's vector `$s.$v`: while the vector has room, at
-/// once; when it must grow (rarely), only if one more entry keeps the view within its
-/// limit, and then grown by at most what is left of it.
-macro_rules! room {
+/// Makes room for one more entry in the view's vector `$s.$v`, or returns the view's
+/// error: while the vector has room, at once; when it must grow (rarely), only if one
+/// more entry keeps the view within its limit, and then grown by at most what is left
+/// of it.
+macro_rules! ensure_room {
     ($s:ident . $v:ident) => {
-        $s.$v.len() < $s.$v.capacity() || {
+        if $s.$v.len() == $s.$v.capacity() && {
             let (view, limit) = ($s.view_bytes(), $s.view_limit());
-            $crate::wire::decode::reserve_within(&mut $s.$v, 1, view, limit)
+            !$crate::wire::decode::reserve_within(&mut $s.$v, 1, view, limit)
+        } {
+            return Err($s.view_error());
         }
     };
 }
-pub(super) use room;
+pub(super) use ensure_room;
 
 /// Reserves room for at least `want` more entries in `v` (doubling its capacity, as a
 /// push would, but never past `limit` bytes of view, of which `view` are taken): false,
@@ -418,9 +421,7 @@ impl DecodedRequest {
         let mut other_fields = false;
         while r.eat(0x12) {
             let (s, e) = r.len_delimited()?;
-            if !room!(self.samples) {
-                return Err(self.view_error());
-            }
+            ensure_room!(self.samples);
             self.samples
                 .push(decode_sample(buf, s, e, &mut other_fields)?);
         }
@@ -434,9 +435,7 @@ impl DecodedRequest {
                 2 => {
                     r.expect(wire, WIRE_LEN, "TimeSeries.samples")?;
                     let (s, e) = r.len_delimited()?;
-                    if !room!(self.samples) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.samples);
                     self.samples
                         .push(decode_sample(buf, s, e, &mut other_fields)?);
                 }
@@ -452,9 +451,7 @@ impl DecodedRequest {
                         decode_histogram_timestamp(buf, s, e)?;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
                     other_fields |= foreign_field_17;
-                    if !room!(self.histograms) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.histograms);
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
@@ -648,9 +645,7 @@ impl DecodedRequest {
             if f == field {
                 let (s, e) = r.len_delimited()?;
                 let ex = decode(self, buf, s, e)?;
-                if !room!(self.exemplars) {
-                    return Err(self.view_error());
-                }
+                ensure_room!(self.exemplars);
                 self.exemplars.push(ex);
             } else {
                 r.skip(wire)?;
@@ -705,9 +700,7 @@ impl DecodedRequest {
                     r.expect(wire, WIRE_LEN, "Exemplar.labels")?;
                     let (s, e) = r.len_delimited()?;
                     let label = decode_label(buf, s, e)?;
-                    if !room!(self.labels) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.labels);
                     self.labels.push(label);
                 }
                 2 => {
@@ -761,9 +754,7 @@ impl DecodedRequest {
                 _ => r.skip(wire)?,
             }
         }
-        if !room!(self.metadata) {
-            return Err(self.view_error());
-        }
+        ensure_room!(self.metadata);
         self.metadata.push(md);
         Ok(())
     }

@@ -16,7 +16,7 @@ use std::hash::{BuildHasher, Hasher};
 use super::DecodeError;
 use super::decode::{
     DecodeLimits, DecodedRequest, ExemplarView, HistogramView, LabelSpan, MetadataView, Range32,
-    SampleView, Span, check_labels, room, utf8,
+    SampleView, Span, check_labels, ensure_room, utf8,
 };
 use super::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT};
 
@@ -78,9 +78,7 @@ impl DecodedRequest {
                     r.expect(wire, WIRE_LEN, "Request.symbols")?;
                     let (s, e) = r.len_delimited()?;
                     utf8(buf, s, e)?;
-                    if !room!(self.symbols) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.symbols);
                     self.symbols.push(Span::new(s, e));
                 }
                 // Reserved in 2.0 so that a 1.0 `WriteRequest` is never read as an empty
@@ -191,9 +189,7 @@ impl DecodedRequest {
                 });
             }
         }
-        if !room!(self.labels) {
-            return Err(self.view_error());
-        }
+        ensure_room!(self.labels);
         self.labels.push(LabelSpan { name, value });
         // A 1.0 `Label`: two tagged, length-prefixed strings in a tagged message.
         self.expanded_bytes = self
@@ -273,9 +269,7 @@ impl DecodedRequest {
                     let (s, e) = r.len_delimited()?;
                     let smp = decode_sample_v2(buf, s, e)?;
                     self.has_start_timestamps |= smp.start_timestamp != 0;
-                    if !room!(self.samples) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.samples);
                     self.samples.push(smp);
                 }
                 3 => {
@@ -286,9 +280,7 @@ impl DecodedRequest {
                     // cut out for 1.0 backends.
                     self.has_start_timestamps |= start_field;
                     self.has_nhcb |= schema == super::histogram::CUSTOM_BUCKETS_SCHEMA;
-                    if !room!(self.histograms) {
-                        return Err(self.view_error());
-                    }
+                    ensure_room!(self.histograms);
                     self.histograms.push(HistogramView {
                         raw: Span::new(s, e),
                         timestamp,
