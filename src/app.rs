@@ -147,7 +147,8 @@ impl Assemble for Config {
     /// The pipeline around already compiled rules.
     fn pipeline_with(&self, rules: Rules) -> Result<crate::pipeline::Pipeline, BuildError> {
         // Read once: the sizing reads the cgroup files.
-        let max_decoded_bytes = usize_of(self.sizing().max_decoded_bytes);
+        let sizing = self.sizing();
+        let max_decoded_bytes = usize_of(sizing.max_decoded_bytes);
         let mut p = crate::pipeline::Pipeline::new(
             std::sync::Arc::new(rules),
             crate::pipeline::PipelineLimits {
@@ -159,6 +160,12 @@ impl Assemble for Config {
                     // A 2.0 request spelled out is held like a decoded body.
                     max_expanded_bytes: max_decoded_bytes,
                 },
+                // Idle workspaces: the memory bound's W × 64 MiB.
+                pool_bytes: usize_of(
+                    sizing
+                        .workers
+                        .saturating_mul(crate::config::memory::WORKER_BYTES),
+                ),
             },
         );
         let sums = p.rules().sums_over_ranks();

@@ -16,6 +16,9 @@ use crate::wire::{DecodeError, DecodeLimits, DecodedRequest, snappy};
 pub struct PipelineLimits {
     pub max_decoded_bytes: usize,
     pub decode: DecodeLimits,
+    /// Bytes the pool of idle workspaces may hold, all together
+    /// ([`Workspace::held_bytes`]): the memory bound's `W × 64 MiB`.
+    pub pool_bytes: usize,
 }
 
 impl Default for PipelineLimits {
@@ -23,6 +26,7 @@ impl Default for PipelineLimits {
         PipelineLimits {
             max_decoded_bytes: 256 << 20,
             decode: DecodeLimits::default(),
+            pool_bytes: 2 * WORKSPACE_RETAIN_BYTES,
         }
     }
 }
@@ -85,30 +89,34 @@ pub struct RouteInput<'a> {
     pub classic: Option<(&'a [u8], Unrolled)>,
 }
 
-/// A pooled workspace whose largest buffer holds more than this is freed rather than
-/// pooled.
-/// Prometheus' default batches (2,000 samples) need well under 1 MiB.
-pub const WORKSPACE_RETAIN_BYTES: usize = 16 << 20;
+/// A workspace that holds more than this ([`Workspace::held_bytes`]) is freed rather
+/// than pooled: one worker's share of the memory bound (`config::memory::WORKER_BYTES`).
+/// Prometheus' default batches (2,000 samples) leave well under 1 MiB of buffers, and a
+/// sender's few thousand names well under 1 MiB of caches.
+pub const WORKSPACE_RETAIN_BYTES: usize = 64 << 20;
+
+/// Idle workspaces pooled at most, whatever they hold.
+const MAX_IDLE_WORKSPACES: usize = 64;
 
 impl Workspace {
-    /// Bytes held by the workspace's largest byte buffer, or by its decoded view or its
-    /// mapper's buffers and caches, whichever holds most (a request of tiny samples grows
-    /// the view far past its bytes).
-    pub fn retained_bytes(&self) -> usize {
-        self.raw
-            .capacity()
-            .max(self.decoded.retained_bytes())
-            .max(self.mapper.retained_bytes())
-            .max(self.encoded.capacity())
-            .max(self.compressed.capacity())
-            .max(self.input_body.capacity())
-            .max(self.v2_raw.capacity())
-            .max(self.compressed_v2.capacity())
-            .max(self.v2.retained_bytes())
-            .max(self.plain.capacity())
-            .max(self.classic.capacity())
-            .max(self.tenant_split.retained_bytes())
-            .max(self.bodies.retained_bytes())
+    /// Bytes the workspace holds between requests: its byte buffers, its decoded view
+    /// (a request of tiny samples grows it far past their bytes), the mapper's and the
+    /// encoders' buffers and the mapper's name caches.
+    pub fn held_bytes(&self) -> usize {
+        self.raw.capacity()
+            + self.decoded.retained_bytes()
+            + self.mapper.retained_bytes()
+            + self.mapper.cache_bytes()
+            + self.encoded.capacity()
+            + self.compressed.capacity()
+            + self.input_body.capacity()
+            + self.v2_raw.capacity()
+            + self.compressed_v2.capacity()
+            + self.v2.retained_bytes()
+            + self.plain.capacity()
+            + self.classic.capacity()
+            + self.tenant_split.retained_bytes()
+            + self.bodies.retained_bytes()
     }
 
     /// The last request's output and the buffers to route it with.
@@ -184,8 +192,15 @@ pub struct Pipeline {
     /// Families' metadata seen so far, attached to the 2.0 series of later requests.
     metadata_memory: RwLock<MetadataMemory>,
     limits: PipelineLimits,
-    #[allow(clippy::vec_box)] // workspaces move in and out of the pool as one pointer
-    pool: Mutex<Vec<Box<Workspace>>>,
+    pool: Mutex<Pool>,
+}
+
+/// Idle workspaces, and what they hold all together.
+#[derive(Default)]
+struct Pool {
+    /// Each with its [`Workspace::held_bytes`] when it was given back.
+    idle: Vec<(Box<Workspace>, usize)>,
+    bytes: usize,
 }
 
 impl Pipeline {
@@ -196,7 +211,7 @@ impl Pipeline {
             counters: None,
             metadata_memory: RwLock::new(MetadataMemory::default()),
             limits,
-            pool: Mutex::new(Vec::new()),
+            pool: Mutex::new(Pool::default()),
         }
     }
 
@@ -245,22 +260,39 @@ impl Pipeline {
         self.pool
             .lock()
             .ok()
-            .and_then(|mut p| p.pop())
+            .and_then(|mut p| {
+                let (ws, bytes) = p.idle.pop()?;
+                p.bytes -= bytes;
+                Some(ws)
+            })
             .unwrap_or_default()
     }
 
-    /// Gives a workspace back to the pool. One that an outlier request grew past
-    /// [`WORKSPACE_RETAIN_BYTES`] is freed instead, so a burst of huge requests does not
-    /// pin their memory for good.
+    /// Gives a workspace back to the pool. One that holds more than
+    /// [`WORKSPACE_RETAIN_BYTES`] (an outlier request grew it), or that the pool has no
+    /// room for (`PipelineLimits::pool_bytes`: a burst of concurrent requests left many
+    /// idle), is freed instead, so idle workspaces never pin more than the memory
+    /// bound's share.
     pub fn return_workspace(&self, ws: Box<Workspace>) {
-        if ws.retained_bytes() > WORKSPACE_RETAIN_BYTES {
+        let bytes = ws.held_bytes();
+        if bytes > WORKSPACE_RETAIN_BYTES {
             return;
         }
         if let Ok(mut p) = self.pool.lock()
-            && p.len() < 64
+            && p.idle.len() < MAX_IDLE_WORKSPACES
+            && p.bytes + bytes <= self.limits.pool_bytes
         {
-            p.push(ws);
+            p.bytes += bytes;
+            p.idle.push((ws, bytes));
         }
+    }
+
+    /// Idle workspaces in the pool, and the bytes they hold.
+    pub fn pooled(&self) -> (usize, usize) {
+        self.pool
+            .lock()
+            .map(|p| (p.idle.len(), p.bytes))
+            .unwrap_or((0, 0))
     }
 
     /// A workspace from the pool that goes back to it when dropped, on every exit.
@@ -467,7 +499,7 @@ mod tests {
     #[test]
     fn a_pooled_workspace_goes_back_to_the_pool_on_every_exit() {
         let p = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
-        let pooled = |p: &Pipeline| p.pool.lock().map(|v| v.len()).unwrap_or(0);
+        let pooled = |p: &Pipeline| p.pooled().0;
         assert_eq!(pooled(&p), 0);
         let early_exit = |fail: bool| -> Result<(), ()> {
             let mut ws = p.workspace();
@@ -482,5 +514,75 @@ mod tests {
         // Taken again from the pool, and back again.
         assert!(early_exit(false).is_ok());
         assert_eq!(pooled(&p), 1);
+    }
+
+    /// Idle workspaces hold at most `pool_bytes` all together, their name caches
+    /// counted: a burst of concurrent requests does not leave 64 workspaces pinned.
+    #[test]
+    fn the_pool_holds_at_most_its_bytes() {
+        let one = {
+            let mut ws = Box::<Workspace>::default();
+            ws.encoded.reserve(1 << 20);
+            ws.held_bytes()
+        };
+        let limits = PipelineLimits {
+            pool_bytes: 3 * one + one / 2,
+            ..Default::default()
+        };
+        let p = Pipeline::new(Arc::new(Rules::empty()), limits);
+        let taken: Vec<_> = (0..10)
+            .map(|_| {
+                let mut ws = p.take_workspace();
+                ws.encoded.reserve(1 << 20);
+                ws
+            })
+            .collect();
+        for ws in taken {
+            p.return_workspace(ws);
+        }
+        let (idle, bytes) = p.pooled();
+        assert_eq!(idle, 3, "three fit, the others freed");
+        assert!(bytes <= 3 * one + one / 2);
+        // Taking one gives its bytes back to the pool.
+        let ws = p.take_workspace();
+        assert_eq!(p.pooled(), (2, bytes - ws.held_bytes()));
+        // One that holds more than a worker's share is never pooled.
+        let mut big = ws;
+        big.encoded.reserve(WORKSPACE_RETAIN_BYTES + 1);
+        p.return_workspace(big);
+        assert_eq!(p.pooled().0, 2);
+    }
+
+    /// A workspace's name caches count in what it holds.
+    #[test]
+    fn held_bytes_count_the_name_caches() {
+        let rules = Arc::new(Rules::empty());
+        let p = Pipeline::new(rules, PipelineLimits::default());
+        let mut ws = p.take_workspace();
+        let before = ws.held_bytes();
+        let body = crate::wire::proto::prometheus::WriteRequest {
+            timeseries: (0..2_000)
+                .map(|i| crate::wire::proto::prometheus::TimeSeries {
+                    labels: vec![crate::wire::proto::prometheus::Label {
+                        name: "__name__".into(),
+                        value: format!("family_{i}_{}", "n".repeat(200)),
+                    }],
+                    samples: vec![crate::wire::proto::prometheus::Sample {
+                        value: 1.0,
+                        timestamp: 1,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        p.process_raw(&mut ws, &prost::Message::encode_to_vec(&body))
+            .expect("valid");
+        assert!(
+            ws.mapper.cache_bytes() >= 2_000 * 200,
+            "{}",
+            ws.mapper.cache_bytes()
+        );
+        assert!(ws.held_bytes() >= before + ws.mapper.cache_bytes());
     }
 }

@@ -23,7 +23,8 @@ pub const LIMIT_ENV: &str = "PROMNORM_MEMORY_LIMIT_BYTES";
 
 /// What the process needs besides requests: runtime, rules, metrics.
 pub const BASE_BYTES: u64 = 64 << 20;
-/// Per runtime worker: one pooled workspace (freed instead of pooled past 16 MiB a buffer).
+/// Per runtime worker: its share of the idle workspaces kept for reuse (buffers and name
+/// caches; the pipeline's pool holds at most `workers × WORKER_BYTES`).
 pub const WORKER_BYTES: u64 = 64 << 20;
 /// Per derived series: its label set, state and eviction-clock entry.
 pub const DERIVED_SERIES_BYTES: u64 = 400;

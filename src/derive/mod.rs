@@ -27,7 +27,7 @@ use ahash::AHashMap;
 use crate::mapping::{Mapper, TapSet, TappedSeries};
 use crate::wire::encode::{SeriesWriter, write_series_label};
 use defs::{DEFINITIONS, Definition};
-use ranks::RankSumState;
+use ranks::{MAX_RANK_BYTES, RankSumState};
 use state::SeriesState;
 
 const SHARDS: usize = 64;
@@ -385,12 +385,31 @@ impl Deriver {
             return;
         };
         state.last_seen_s = now_s;
+        // A rank's value and history count against the label-byte budget like a label
+        // set: a rank label of long values cannot grow the state past it.
+        if !state.has_rank(rank)
+            && (rank.len() > MAX_RANK_BYTES
+                || self.label_bytes.load(Ordering::Relaxed) + RankSumState::cost(rank)
+                    > self.max_label_bytes)
+        {
+            self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let before = state.bytes();
         let mut gone = 0;
         for smp in t.samples() {
             if let Some((ts, bits)) = state.observe(rank, smp.timestamp, smp.value_bits, &mut gone)
             {
                 self.enqueue(&mut shard.queue, &labels, RANK_SUM, ts, bits);
             }
+        }
+        let after = state.bytes();
+        if after > before {
+            self.label_bytes
+                .fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.label_bytes
+                .fetch_sub(before - after, Ordering::Relaxed);
         }
         if gone > 0 {
             self.counters
@@ -494,15 +513,16 @@ impl Deriver {
                     ..
                 } = &mut *s;
                 let mut freed = 0;
-                let mut keep = |k: &Arc<[u8]>, last_seen_s: u32| {
+                // A group's bytes are its label set's and its ranks'.
+                let mut keep = |last_seen_s: u32, bytes: usize| {
                     let kept = now.saturating_sub(last_seen_s) < limit;
                     if !kept {
-                        freed += k.len();
+                        freed += bytes;
                     }
                     kept
                 };
-                series.retain(|k, st| keep(k, st.last_seen_s));
-                rank_sums.retain(|k, st| keep(k, st.last_seen_s));
+                series.retain(|k, st| keep(st.last_seen_s, k.len()));
+                rank_sums.retain(|k, st| keep(st.last_seen_s, k.len() + st.bytes()));
                 self.label_bytes.fetch_sub(freed, Ordering::Relaxed);
                 clock.retain(|k| {
                     series

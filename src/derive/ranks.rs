@@ -7,6 +7,11 @@ use crate::mapping::STALE_NAN_BITS;
 
 /// Ranks per group, at most (a label of unbounded cardinality cannot grow the state).
 pub const MAX_RANKS: usize = 256;
+/// A rank value longer than this is not kept (real ranks are a few digits).
+pub const MAX_RANK_BYTES: usize = 1024;
+/// What a kept rank costs besides its value's bytes (its history and bookkeeping),
+/// counted against the deriver's label-byte budget with the value.
+pub const RANK_ENTRY_BYTES: usize = 96;
 /// Timestamps remembered per rank: how far one rank may run ahead of another.
 const HISTORY: usize = 4;
 const EMPTY: i64 = i64::MIN;
@@ -45,15 +50,37 @@ pub struct RankSumState {
     /// arrive one by one, so a sum then would miss the ranks not yet seen).
     first: i64,
     ranks: Vec<Rank>,
+    /// [`RankSumState::cost`] summed over the ranks kept.
+    bytes: usize,
 }
 
 impl RankSumState {
+    /// What keeping a rank of this value costs.
+    pub fn cost(rank: &[u8]) -> usize {
+        rank.len() + RANK_ENTRY_BYTES
+    }
+
+    /// The bytes its ranks cost (their values and entries).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn has_rank(&self, rank: &[u8]) -> bool {
+        self.ranks.iter().any(|r| &*r.value_of_rank == rank)
+    }
+
+    fn forget(&mut self, i: usize) {
+        self.bytes -= Self::cost(&self.ranks[i].value_of_rank);
+        self.ranks.swap_remove(i);
+    }
+
     pub fn new(now_s: u32) -> Self {
         RankSumState {
             last_seen_s: now_s,
             last_emitted: EMPTY,
             first: EMPTY,
             ranks: Vec::new(),
+            bytes: 0,
         }
     }
 
@@ -70,7 +97,7 @@ impl RankSumState {
         if value_bits == STALE_NAN_BITS {
             // The rank's series ended; when the last one ends, the sum ends too.
             if let Some(i) = pos {
-                self.ranks.swap_remove(i);
+                self.forget(i);
             }
             if self.ranks.is_empty() && self.last_emitted != EMPTY && timestamp > self.last_emitted
             {
@@ -87,6 +114,7 @@ impl RankSumState {
             Some(i) => i,
             None if self.ranks.len() >= MAX_RANKS => return None,
             None => {
+                self.bytes += Self::cost(rank);
                 self.ranks.push(Rank {
                     value_of_rank: rank.into(),
                     history: [(EMPTY, 0.0); HISTORY],
@@ -106,9 +134,16 @@ impl RankSumState {
         // A rank with nothing as recent as this rank's oldest remembered timestamp has
         // stopped reporting (without a stale marker): stop waiting for it.
         let horizon = self.ranks[i].oldest();
-        let before = self.ranks.len();
-        self.ranks.retain(|r| r.newest >= horizon);
-        *gone += (before - self.ranks.len()) as u32;
+        let mut freed = 0;
+        self.ranks.retain(|r| {
+            let keep = r.newest >= horizon;
+            if !keep {
+                freed += Self::cost(&r.value_of_rank);
+                *gone += 1;
+            }
+            keep
+        });
+        self.bytes -= freed;
         if self.first == EMPTY {
             self.first = timestamp;
         }

@@ -83,6 +83,12 @@ impl<V: Clone, const LIMIT: usize> NameCache<V, LIMIT> {
         self.bytes
     }
 
+    /// What the cache holds in memory: its names and their overhead, and its table,
+    /// which keeps its size when the cache starts over.
+    pub fn held_bytes(&self) -> usize {
+        self.bytes + self.map.capacity() * (std::mem::size_of::<(Box<[u8]>, V)>() + 1)
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -439,3 +439,74 @@ fn derived_state_is_bounded_in_label_bytes() {
     assert_eq!(d.series_count(), before.0);
     assert!(d.counters.label_bytes.load(Relaxed) > before.1);
 }
+
+/// A sum over ranks keeps up to 256 ranks a group: their values count against the
+/// label-byte budget with the group's label set, and a rank value over 1 KiB is not
+/// kept (counted), so a rank label of long values cannot grow the state past the bound.
+#[test]
+fn sums_over_ranks_count_their_ranks_bytes() {
+    use promnorm::derive::{LABEL_BYTES_PER_SERIES, ranks::MAX_RANK_BYTES};
+    use prost::Message;
+    use std::sync::atomic::Ordering::Relaxed;
+    const MAX_SERIES: usize = 100;
+    const FAMILY: &str = "sglang:hicache_backup_bytes_total";
+    let pipeline = promnorm::config::Config::parse(
+        &format!(
+            "listen: 127.0.0.1:1\npacks:\n  sum_over_ranks: {{sglang: true}}\nderived:\n  max_series: {MAX_SERIES}\n"
+        ),
+        "t.yaml",
+    )
+    .unwrap()
+    .pipeline()
+    .unwrap();
+    let d = pipeline.deriver().unwrap().clone();
+    let budget = MAX_SERIES * LABEL_BYTES_PER_SERIES;
+    let mut ws = pipeline.take_workspace();
+    let request = |model: &str, ranks: &mut dyn Iterator<Item = String>| {
+        pb::WriteRequest {
+            timeseries: ranks
+                .map(|rank| {
+                    series(
+                        &[
+                            ("__name__", FAMILY),
+                            ("model_name", model),
+                            ("tp_rank", &rank),
+                        ],
+                        &[(1.0, BASE_TS)],
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    // Ranks of 1,000 bytes: 256 of them would be 256 KB, five times the budget.
+    let long_rank = |i: usize| format!("{i:04}{}", "r".repeat(996));
+    for group in 0..4 {
+        let body = request(&format!("m{group}"), &mut (0..256).map(long_rank));
+        pipeline.process_raw(&mut ws, &body).expect("valid");
+        assert!(d.label_bytes() <= budget, "{} > {budget}", d.label_bytes());
+    }
+    assert!(
+        d.label_bytes() > budget - 2 * 1100,
+        "filled up to the bound"
+    );
+    let refused = d.counters.label_bytes.load(Relaxed);
+    assert!(refused > 0, "ranks past the budget refused, counted");
+    // A rank value over the cap is not kept even with room.
+    let empty = promnorm::config::Config::parse(
+        "listen: 127.0.0.1:1\npacks:\n  sum_over_ranks: {sglang: true}\n",
+        "t.yaml",
+    )
+    .unwrap()
+    .pipeline()
+    .unwrap();
+    let mut ws2 = empty.take_workspace();
+    let too_long = "r".repeat(MAX_RANK_BYTES + 1);
+    let body = request("m", &mut [too_long, "0".into()].into_iter());
+    empty.process_raw(&mut ws2, &body).expect("valid");
+    let d2 = empty.deriver().unwrap();
+    assert_eq!(d2.counters.label_bytes.load(Relaxed), 1);
+    // The group's label set and the one short rank: nothing of the long one.
+    assert!(d2.label_bytes() < 200, "{}", d2.label_bytes());
+}

@@ -118,10 +118,18 @@ impl Mapper {
         Self::default()
     }
 
+    /// Bytes the name caches hold (each bounded by [`super::cache::NAME_CACHE_BYTES`]
+    /// of names): counted with the workspace that pools them.
+    pub fn cache_bytes(&self) -> usize {
+        self.resolved.held_bytes()
+            + self.meta_cache.held_bytes()
+            + self.le_styles.held_bytes()
+            + self.le_rescaled.held_bytes()
+            + self.total_fix_plans.held_bytes()
+    }
+
     /// Bytes the mapper's per-request buffers hold between requests (what a pooled
-    /// workspace keeps). Not the name caches: they have bounds of their own
-    /// ([`super::cache::NAME_CACHE_BYTES`]), and counting them would free a workspace,
-    /// and its warm caches, after every request of a sender with many names.
+    /// workspace keeps), not its name caches ([`Mapper::cache_bytes`]).
     pub fn retained_bytes(&self) -> usize {
         held(&self.arena)
             + held(&self.work)

@@ -82,6 +82,44 @@ impl MetadataMemory {
     pub fn get(&self, family: &[u8]) -> Option<&StoredMetadata> {
         self.map.get(family)
     }
+
+    /// Whether [`MetadataMemory::store`] of this family would change what is held: the
+    /// family is new and there is room for it, or it differs and its new texts fit. A
+    /// full memory has no news for families it cannot take, so once it is full requests
+    /// stop asking for its write lock.
+    pub fn would_store(&self, family: &[u8], metric_type: i32, help: &[u8], unit: &[u8]) -> bool {
+        let cost = Self::cost(family, help, unit);
+        match self.map.get(family) {
+            Some(s) => {
+                (s.metric_type != metric_type || &*s.help != help || &*s.unit != unit)
+                    && self.bytes - Self::cost(family, &s.help, &s.unit) + cost <= Self::BYTES
+            }
+            None => self.map.len() < Self::LIMIT && self.bytes + cost <= Self::BYTES,
+        }
+    }
+
+    /// Remembers a family's metadata, when [`MetadataMemory::would_store`] says so.
+    pub fn store(&mut self, family: &[u8], metric_type: i32, help: &[u8], unit: &[u8]) {
+        if family.is_empty() || !self.would_store(family, metric_type, help, unit) {
+            return;
+        }
+        let stored = StoredMetadata {
+            metric_type,
+            help: help.into(),
+            unit: unit.into(),
+        };
+        let cost = Self::cost(family, help, unit);
+        match self.map.get_mut(family) {
+            Some(s) => {
+                self.bytes = self.bytes - Self::cost(family, &s.help, &s.unit) + cost;
+                *s = stored;
+            }
+            None => {
+                self.bytes += cost;
+                self.map.insert(family.into(), stored);
+            }
+        }
+    }
 }
 
 /// What [`V2Encoder::encode`] wrote.
@@ -602,52 +640,27 @@ impl V2Encoder {
         Ok(written)
     }
 
-    /// Stores the request's metadata (from the last [`V2Encoder::encode`] of `v1`) in
-    /// `memory`, when it holds something new. Reads first, so a request whose metadata
-    /// is known already needs no write lock and allocates nothing.
+    /// Whether the request's metadata (from the last [`V2Encoder::encode`] of `v1`)
+    /// holds something `memory` would store. Asked under the read lock, so a request
+    /// whose metadata is known already, or cannot be taken, needs no write lock and
+    /// allocates nothing.
     pub fn metadata_news(&self, v1: &[u8], memory: &MetadataMemory) -> bool {
         self.md.iter().any(|m| {
             let family = slice(v1, m.family);
             !family.is_empty()
-                && memory.get(family).is_none_or(|s| {
-                    s.metric_type != m.metric_type
-                        || &*s.help != slice(v1, m.help)
-                        || &*s.unit != slice(v1, m.unit)
-                })
+                && memory.would_store(family, m.metric_type, slice(v1, m.help), slice(v1, m.unit))
         })
     }
 
     /// Stores the request's metadata in `memory` (see [`V2Encoder::metadata_news`]).
     pub fn remember_metadata(&self, v1: &[u8], memory: &mut MetadataMemory) {
         for m in &self.md {
-            let family = slice(v1, m.family);
-            if family.is_empty() {
-                continue;
-            }
-            let (help, unit) = (slice(v1, m.help), slice(v1, m.unit));
-            let cost = MetadataMemory::cost(family, help, unit);
-            let stored = StoredMetadata {
-                metric_type: m.metric_type,
-                help: help.into(),
-                unit: unit.into(),
-            };
-            let (families, bytes) = (memory.map.len(), &mut memory.bytes);
-            match memory.map.get_mut(family) {
-                Some(s) => {
-                    let old = MetadataMemory::cost(family, &s.help, &s.unit);
-                    if *bytes - old + cost <= MetadataMemory::BYTES {
-                        *bytes = *bytes - old + cost;
-                        *s = stored;
-                    }
-                }
-                None if families < MetadataMemory::LIMIT
-                    && *bytes + cost <= MetadataMemory::BYTES =>
-                {
-                    *bytes += cost;
-                    memory.map.insert(family.into(), stored);
-                }
-                None => {}
-            }
+            memory.store(
+                slice(v1, m.family),
+                m.metric_type,
+                slice(v1, m.help),
+                slice(v1, m.unit),
+            );
         }
     }
 }
@@ -1086,6 +1099,19 @@ mod tests {
             "refused past the bound"
         );
         assert!(memory.bytes() > MetadataMemory::BYTES - per_request * (help.len() + 200));
+        // Full: a family it cannot take is no news (no write lock on every request).
+        let refused = pb::WriteRequest {
+            metadata: vec![pb::MetricMetadata {
+                r#type: 2,
+                metric_family_name: "family_refused".into(),
+                help: help.clone(),
+                unit: String::new(),
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        enc.encode(&refused, Some(&memory), &mut out).unwrap();
+        assert!(!enc.metadata_news(&refused, &memory));
         // A known family is still updated when the update fits (a shorter help).
         let known = pb::WriteRequest {
             metadata: vec![pb::MetricMetadata {
@@ -1099,6 +1125,10 @@ mod tests {
         .encode_to_vec();
         let before = memory.bytes();
         enc.encode(&known, Some(&memory), &mut out).unwrap();
+        assert!(
+            enc.metadata_news(&known, &memory),
+            "an update that fits is news"
+        );
         enc.remember_metadata(&known, &mut memory);
         assert_eq!(&*memory.get(b"family_0_0").unwrap().help, b"Short.");
         assert_eq!(memory.bytes(), before - help.len() + "Short.".len());
