@@ -99,14 +99,19 @@ pub const WORKSPACE_RETAIN_BYTES: usize = 64 << 20;
 const MAX_IDLE_WORKSPACES: usize = 64;
 
 impl Workspace {
-    /// Bytes the workspace holds between requests: its byte buffers, its decoded view
-    /// (a request of tiny samples grows it far past their bytes), the mapper's and the
-    /// encoders' buffers and the mapper's name caches.
+    /// Bytes the workspace holds between requests: its buffers and the mapper's name
+    /// caches.
     pub fn held_bytes(&self) -> usize {
+        self.buffer_bytes() + self.mapper.cache_bytes()
+    }
+
+    /// Bytes its per-request buffers hold: its byte buffers, its decoded view (a
+    /// request of tiny samples grows it far past their bytes), the mapper's, the
+    /// encoders' and the tenant split's buffers.
+    pub fn buffer_bytes(&self) -> usize {
         self.raw.capacity()
             + self.decoded.retained_bytes()
             + self.mapper.retained_bytes()
-            + self.mapper.cache_bytes()
             + self.encoded.capacity()
             + self.compressed.capacity()
             + self.input_body.capacity()
@@ -117,6 +122,19 @@ impl Workspace {
             + self.classic.capacity()
             + self.tenant_split.retained_bytes()
             + self.bodies.retained_bytes()
+            + self.strip.retained_bytes()
+            + self.unroller.retained_bytes()
+            + self.derive_scratch.retained_bytes()
+    }
+
+    /// Frees the per-request buffers an outlier request grew, keeping the warm name
+    /// caches.
+    fn shed_buffers(&mut self) {
+        let mapper = std::mem::take(&mut self.mapper).without_buffers();
+        *self = Workspace {
+            mapper,
+            ..Workspace::default()
+        };
     }
 
     /// The last request's output and the buffers to route it with.
@@ -269,22 +287,38 @@ impl Pipeline {
     }
 
     /// Gives a workspace back to the pool. One that holds more than
-    /// [`WORKSPACE_RETAIN_BYTES`] (an outlier request grew it), or that the pool has no
-    /// room for (`PipelineLimits::pool_bytes`: a burst of concurrent requests left many
-    /// idle), is freed instead, so idle workspaces never pin more than the memory
-    /// bound's share.
+    /// [`WORKSPACE_RETAIN_BYTES`] (an outlier request grew it), or more than the pool
+    /// has room for (`PipelineLimits::pool_bytes`: a burst of concurrent requests left
+    /// many idle), keeps only its name caches (its buffers are freed), and is freed
+    /// whole when even that does not fit: idle workspaces never pin more than the
+    /// memory bound's share, and a sender of large batches keeps its warm caches.
     pub fn return_workspace(&self, ws: Box<Workspace>) {
         let bytes = ws.held_bytes();
-        if bytes > WORKSPACE_RETAIN_BYTES {
+        let Err(mut ws) = self.pool_if_room(ws, bytes) else {
             return;
+        };
+        // Freed outside the pool's lock.
+        ws.shed_buffers();
+        let bytes = ws.held_bytes();
+        let _ = self.pool_if_room(ws, bytes);
+    }
+
+    /// Pools `ws`, which holds `bytes`, unless the pool has no room for it: then gives
+    /// it back (when the pool is full in count or poisoned, it is dropped).
+    fn pool_if_room(&self, ws: Box<Workspace>, bytes: usize) -> Result<(), Box<Workspace>> {
+        let Ok(mut p) = self.pool.lock() else {
+            return Ok(());
+        };
+        if p.idle.len() >= MAX_IDLE_WORKSPACES {
+            return Ok(());
         }
-        if let Ok(mut p) = self.pool.lock()
-            && p.idle.len() < MAX_IDLE_WORKSPACES
-            && p.bytes + bytes <= self.limits.pool_bytes
-        {
-            p.bytes += bytes;
-            p.idle.push((ws, bytes));
+        let room = self.limits.pool_bytes.saturating_sub(p.bytes);
+        if bytes > room.min(WORKSPACE_RETAIN_BYTES) {
+            return Err(ws);
         }
+        p.bytes += bytes;
+        p.idle.push((ws, bytes));
+        Ok(())
     }
 
     /// Idle workspaces in the pool, and the bytes they hold.
@@ -541,25 +575,20 @@ mod tests {
             p.return_workspace(ws);
         }
         let (idle, bytes) = p.pooled();
-        assert_eq!(idle, 3, "three fit, the others freed");
-        assert!(bytes <= 3 * one + one / 2);
+        // Three whole; the others without their buffers (nothing left: no caches).
+        assert_eq!(idle, 10);
+        assert_eq!(bytes, 3 * one);
         // Taking one gives its bytes back to the pool.
         let ws = p.take_workspace();
-        assert_eq!(p.pooled(), (2, bytes - ws.held_bytes()));
-        // One that holds more than a worker's share is never pooled.
-        let mut big = ws;
-        big.encoded.reserve(WORKSPACE_RETAIN_BYTES + 1);
-        p.return_workspace(big);
-        assert_eq!(p.pooled().0, 2);
+        assert_eq!(p.pooled(), (9, bytes - ws.held_bytes()));
     }
 
-    /// A workspace's name caches count in what it holds.
+    /// A workspace past a worker's share keeps its name caches and sheds its buffers;
+    /// the caches count in what it holds.
     #[test]
-    fn held_bytes_count_the_name_caches() {
-        let rules = Arc::new(Rules::empty());
-        let p = Pipeline::new(rules, PipelineLimits::default());
+    fn an_outlier_sheds_its_buffers_and_keeps_its_caches() {
+        let p = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default());
         let mut ws = p.take_workspace();
-        let before = ws.held_bytes();
         let body = crate::wire::proto::prometheus::WriteRequest {
             timeseries: (0..2_000)
                 .map(|i| crate::wire::proto::prometheus::TimeSeries {
@@ -578,11 +607,17 @@ mod tests {
         };
         p.process_raw(&mut ws, &prost::Message::encode_to_vec(&body))
             .expect("valid");
-        assert!(
-            ws.mapper.cache_bytes() >= 2_000 * 200,
-            "{}",
-            ws.mapper.cache_bytes()
-        );
-        assert!(ws.held_bytes() >= before + ws.mapper.cache_bytes());
+        let caches = ws.mapper.cache_bytes();
+        assert!(caches >= 2_000 * 200, "{caches}");
+        assert!(ws.buffer_bytes() > 0);
+        ws.encoded.reserve(WORKSPACE_RETAIN_BYTES);
+        p.return_workspace(ws);
+        assert_eq!(p.pooled(), (1, caches), "the caches alone");
+        let mut ws = p.take_workspace();
+        assert_eq!(ws.mapper.cache_bytes(), caches, "still warm");
+        // Warm: the same names again resolve from the cache without growing it.
+        p.process_raw(&mut ws, &prost::Message::encode_to_vec(&body))
+            .expect("valid");
+        assert_eq!(ws.mapper.cache_bytes(), caches);
     }
 }

@@ -24,7 +24,8 @@ pub const LIMIT_ENV: &str = "PROMNORM_MEMORY_LIMIT_BYTES";
 /// What the process needs besides requests: runtime, rules, metrics.
 pub const BASE_BYTES: u64 = 64 << 20;
 /// Per runtime worker: its share of the idle workspaces kept for reuse (buffers and name
-/// caches; the pipeline's pool holds at most `workers × WORKER_BYTES`).
+/// caches; the pipeline's pool holds at most `workers × WORKER_BYTES`, a workspace
+/// past it keeping its caches only).
 pub const WORKER_BYTES: u64 = 64 << 20;
 /// Per derived series: its label set, state and eviction-clock entry.
 pub const DERIVED_SERIES_BYTES: u64 = 400;

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
 
+use crate::mapping::STALE_NAN_BITS;
 use crate::mapping::{Mapper, TapSet, TappedSeries};
 use crate::wire::encode::{SeriesWriter, write_series_label};
 use defs::{DEFINITIONS, Definition};
-use ranks::{MAX_RANK_BYTES, RankSumState};
+use ranks::{MAX_RANK_BYTES, MAX_RANKS, RankSumState};
 use state::SeriesState;
 
 const SHARDS: usize = 64;
@@ -123,8 +124,9 @@ pub struct DeriveCounters {
     pub no_peak: AtomicU64,
     /// Ranks forgotten by a sum over ranks because they stopped reporting.
     pub ranks_gone: AtomicU64,
-    /// Series and groups not kept: a label set over [`MAX_LABEL_SET_BYTES`], or no
-    /// room left for its bytes.
+    /// Series and groups not kept (a label set over [`MAX_LABEL_SET_BYTES`], or no
+    /// room left for its bytes), and groups of a sum over ranks ended by a rank they
+    /// could not keep.
     pub label_bytes: AtomicU64,
 }
 
@@ -132,6 +134,13 @@ pub struct DeriveCounters {
 #[derive(Default)]
 pub struct DeriveScratch {
     key: Vec<u8>,
+}
+
+impl DeriveScratch {
+    /// Bytes its buffer holds between requests.
+    pub fn retained_bytes(&self) -> usize {
+        self.key.capacity()
+    }
 }
 
 pub struct Deriver {
@@ -147,7 +156,7 @@ pub struct Deriver {
     shards: Box<[Mutex<Shard>]>,
     hasher: ahash::RandomState,
     series_count: AtomicUsize,
-    /// The label sets' bytes of the series and groups held (see
+    /// The label sets' bytes of the series and groups held, and their ranks' (see
     /// [`LABEL_BYTES_PER_SERIES`]).
     label_bytes: AtomicUsize,
     max_label_bytes: usize,
@@ -217,7 +226,7 @@ impl Deriver {
         self.series_count.load(Ordering::Relaxed)
     }
 
-    /// Bytes of the label sets held in state.
+    /// Bytes of the label sets held in state, and of the ranks of sums over ranks.
     pub fn label_bytes(&self) -> usize {
         self.label_bytes.load(Ordering::Relaxed)
     }
@@ -360,18 +369,49 @@ impl Deriver {
             return;
         };
         let shard = &mut *guard;
-        if !shard.rank_sums.contains_key(key) {
+        let group = shard.rank_sums.get(key);
+        let new_group = group.is_none();
+        if !group.is_some_and(|g| g.has_rank(rank)) {
+            // A rank that brings no value keeps nothing (its stale marker may still end
+            // the sum of the ranks kept).
+            let brings_value = t
+                .samples()
+                .iter()
+                .any(|s| s.value_bits != STALE_NAN_BITS && !f64::from_bits(s.value_bits).is_nan());
+            if !brings_value && new_group {
+                return;
+            }
             // Groups are refused when full, never evicted to make room.
-            if self.series_count.load(Ordering::Relaxed) >= self.max_series {
+            if brings_value
+                && new_group
+                && self.series_count.load(Ordering::Relaxed) >= self.max_series
+            {
                 self.counters.evicted_limit.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            if key.len() > MAX_LABEL_SET_BYTES
-                || self.label_bytes.load(Ordering::Relaxed) + key.len() > self.max_label_bytes
+            // A rank's value and history count against the label-byte budget like a
+            // label set. A rank that cannot be kept ends its group: a sum without it
+            // would be wrong, not short of a rank. The group starts again (learning
+            // its ranks) once there is room.
+            let need = RankSumState::cost(rank) + if new_group { key.len() } else { 0 };
+            if brings_value
+                && (key.len() > MAX_LABEL_SET_BYTES
+                    || rank.len() > MAX_RANK_BYTES
+                    || group.is_some_and(|g| g.rank_count() >= MAX_RANKS)
+                    || self.label_bytes.load(Ordering::Relaxed) + need > self.max_label_bytes)
             {
                 self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
+                let last = t
+                    .samples()
+                    .iter()
+                    .map(|s| s.timestamp)
+                    .max()
+                    .unwrap_or(i64::MIN);
+                self.end_rank_sum(shard, key, last);
                 return;
             }
+        }
+        if new_group {
             self.label_bytes.fetch_add(key.len(), Ordering::Relaxed);
             shard
                 .rank_sums
@@ -385,16 +425,6 @@ impl Deriver {
             return;
         };
         state.last_seen_s = now_s;
-        // A rank's value and history count against the label-byte budget like a label
-        // set: a rank label of long values cannot grow the state past it.
-        if !state.has_rank(rank)
-            && (rank.len() > MAX_RANK_BYTES
-                || self.label_bytes.load(Ordering::Relaxed) + RankSumState::cost(rank)
-                    > self.max_label_bytes)
-        {
-            self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let before = state.bytes();
         let mut gone = 0;
         for smp in t.samples() {
@@ -415,6 +445,26 @@ impl Deriver {
             self.counters
                 .ranks_gone
                 .fetch_add(u64::from(gone), Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets the group `key` of a sum over ranks, if held; a sum it emitted ends with
+    /// a stale marker at `timestamp` (when that is after its last sum).
+    fn end_rank_sum(&self, shard: &mut Shard, key: &[u8], timestamp: i64) {
+        let Some((labels, state)) = shard.rank_sums.remove_entry(key) else {
+            return;
+        };
+        self.label_bytes
+            .fetch_sub(labels.len() + state.bytes(), Ordering::Relaxed);
+        self.series_count.fetch_sub(1, Ordering::Relaxed);
+        if state.last_emitted().is_some_and(|t| timestamp > t) {
+            self.enqueue(
+                &mut shard.queue,
+                &labels,
+                RANK_SUM,
+                timestamp,
+                STALE_NAN_BITS,
+            );
         }
     }
 

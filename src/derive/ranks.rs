@@ -65,6 +65,15 @@ impl RankSumState {
         self.bytes
     }
 
+    pub fn rank_count(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The timestamp of the last sum emitted, if any.
+    pub fn last_emitted(&self) -> Option<i64> {
+        (self.last_emitted != EMPTY).then_some(self.last_emitted)
+    }
+
     pub fn has_rank(&self, rank: &[u8]) -> bool {
         self.ranks.iter().any(|r| &*r.value_of_rank == rank)
     }
@@ -72,6 +81,15 @@ impl RankSumState {
     fn forget(&mut self, i: usize) {
         self.bytes -= Self::cost(&self.ranks[i].value_of_rank);
         self.ranks.swap_remove(i);
+        self.shrink();
+    }
+
+    /// Gives back the room of ranks gone: a group that once held many ranks holds
+    /// about what it is charged for ([`RANK_ENTRY_BYTES`] a rank).
+    fn shrink(&mut self) {
+        if self.ranks.len() < self.ranks.capacity() / 4 {
+            self.ranks.shrink_to(self.ranks.len() * 2);
+        }
     }
 
     pub fn new(now_s: u32) -> Self {
@@ -144,6 +162,7 @@ impl RankSumState {
             keep
         });
         self.bytes -= freed;
+        self.shrink();
         if self.first == EMPTY {
             self.first = timestamp;
         }

@@ -72,6 +72,25 @@ impl Unroller {
         Self::default()
     }
 
+    /// Bytes its buffers hold between requests.
+    pub fn retained_bytes(&self) -> usize {
+        fn held<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        held(&self.labels)
+            + held(&self.kept)
+            + held(&self.exemplars)
+            + held(&self.rows)
+            + held(&self.cumulative)
+            + held(&self.bounds)
+            + held(&self.name)
+            + held(&self.le)
+            + held(&self.series)
+            + self.families.capacity() * 9
+            + held(&self.family_names)
+            + held(&self.family_ends)
+    }
+
     /// Writes `mapped` (a mapped 1.0 body; it may carry 2.0's start timestamps) into
     /// `out` with its NHCB histograms unrolled. A series whose unrolling would take
     /// `out` over `max_bytes` is copied as it is (one bound costs a whole series: a small

@@ -79,13 +79,13 @@ impl BodyEncoder {
         })
     }
 
-    /// Bytes held by the largest buffer.
+    /// Bytes its buffers hold between requests, all together.
     pub fn retained_bytes(&self) -> usize {
-        self.plain
-            .capacity()
-            .max(self.v2_raw.capacity())
-            .max(self.v1_out.capacity())
-            .max(self.v2_out.capacity())
-            .max(self.v2.retained_bytes())
+        self.plain.capacity()
+            + self.strip.retained_bytes()
+            + self.v2_raw.capacity()
+            + self.v1_out.capacity()
+            + self.v2_out.capacity()
+            + self.v2.retained_bytes()
     }
 }

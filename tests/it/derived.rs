@@ -443,26 +443,28 @@ fn derived_state_is_bounded_in_label_bytes() {
 /// A sum over ranks keeps up to 256 ranks a group: their values count against the
 /// label-byte budget with the group's label set, and a rank value over 1 KiB is not
 /// kept (counted), so a rank label of long values cannot grow the state past the bound.
+/// A group with a rank it cannot keep ends (no sum short of a rank is emitted); ranks
+/// ended by stale markers, and groups swept, give their bytes back.
 #[test]
 fn sums_over_ranks_count_their_ranks_bytes() {
-    use promnorm::derive::{LABEL_BYTES_PER_SERIES, ranks::MAX_RANK_BYTES};
+    use promnorm::derive::{Emitted, LABEL_BYTES_PER_SERIES, ranks::MAX_RANK_BYTES};
     use prost::Message;
     use std::sync::atomic::Ordering::Relaxed;
     const MAX_SERIES: usize = 100;
     const FAMILY: &str = "sglang:hicache_backup_bytes_total";
-    let pipeline = promnorm::config::Config::parse(
-        &format!(
-            "listen: 127.0.0.1:1\npacks:\n  sum_over_ranks: {{sglang: true}}\nderived:\n  max_series: {MAX_SERIES}\n"
-        ),
-        "t.yaml",
-    )
-    .unwrap()
-    .pipeline()
-    .unwrap();
-    let d = pipeline.deriver().unwrap().clone();
-    let budget = MAX_SERIES * LABEL_BYTES_PER_SERIES;
-    let mut ws = pipeline.take_workspace();
-    let request = |model: &str, ranks: &mut dyn Iterator<Item = String>| {
+    let pipeline_with = |derived: &str| {
+        promnorm::config::Config::parse(
+            &format!(
+                "listen: 127.0.0.1:1\npacks:\n  sum_over_ranks: {{sglang: true}}\nderived:\n{derived}"
+            ),
+            "t.yaml",
+        )
+        .unwrap()
+        .pipeline()
+        .unwrap()
+    };
+    // Series of one model at one timestamp, value 1 (or stale markers).
+    let request = |model: &str, ts: i64, value: f64, ranks: &mut dyn Iterator<Item = String>| {
         pb::WriteRequest {
             timeseries: ranks
                 .map(|rank| {
@@ -472,7 +474,7 @@ fn sums_over_ranks_count_their_ranks_bytes() {
                             ("model_name", model),
                             ("tp_rank", &rank),
                         ],
-                        &[(1.0, BASE_TS)],
+                        &[(value, ts)],
                     )
                 })
                 .collect(),
@@ -480,33 +482,77 @@ fn sums_over_ranks_count_their_ranks_bytes() {
         }
         .encode_to_vec()
     };
+    let stale = f64::from_bits(promnorm::wire::STALE_NAN_BITS);
+
     // Ranks of 1,000 bytes: 256 of them would be 256 KB, five times the budget.
+    let pipeline = pipeline_with(&format!("  max_series: {MAX_SERIES}\n"));
+    let d = pipeline.deriver().unwrap().clone();
+    let budget = MAX_SERIES * LABEL_BYTES_PER_SERIES;
+    let mut ws = pipeline.take_workspace();
     let long_rank = |i: usize| format!("{i:04}{}", "r".repeat(996));
     for group in 0..4 {
-        let body = request(&format!("m{group}"), &mut (0..256).map(long_rank));
+        let body = request(
+            &format!("m{group}"),
+            BASE_TS,
+            1.0,
+            &mut (0..256).map(long_rank),
+        );
         pipeline.process_raw(&mut ws, &body).expect("valid");
         assert!(d.label_bytes() <= budget, "{} > {budget}", d.label_bytes());
     }
     assert!(
-        d.label_bytes() > budget - 2 * 1100,
-        "filled up to the bound"
+        d.counters.label_bytes.load(Relaxed) > 0,
+        "ranks past the budget refused, counted"
     );
-    let refused = d.counters.label_bytes.load(Relaxed);
-    assert!(refused > 0, "ranks past the budget refused, counted");
-    // A rank value over the cap is not kept even with room.
-    let empty = promnorm::config::Config::parse(
-        "listen: 127.0.0.1:1\npacks:\n  sum_over_ranks: {sglang: true}\n",
-        "t.yaml",
-    )
-    .unwrap()
-    .pipeline()
-    .unwrap();
-    let mut ws2 = empty.take_workspace();
+
+    // A rank value over the cap is not kept, even with room: its group ends and emits
+    // nothing, where a sum without that rank would be wrong.
+    let roomy = pipeline_with("  stale_after: 1s\n");
+    let mut ws = roomy.take_workspace();
+    let d = roomy.deriver().unwrap().clone();
     let too_long = "r".repeat(MAX_RANK_BYTES + 1);
-    let body = request("m", &mut [too_long, "0".into()].into_iter());
-    empty.process_raw(&mut ws2, &body).expect("valid");
-    let d2 = empty.deriver().unwrap();
-    assert_eq!(d2.counters.label_bytes.load(Relaxed), 1);
-    // The group's label set and the one short rank: nothing of the long one.
-    assert!(d2.label_bytes() < 200, "{}", d2.label_bytes());
+    for ts in [BASE_TS, BASE_TS + 15_000] {
+        let body = request(
+            "m",
+            ts,
+            1.0,
+            &mut ["0".to_string(), too_long.clone()].into_iter(),
+        );
+        roomy.process_raw(&mut ws, &body).expect("valid");
+    }
+    let mut out: Vec<Emitted> = Vec::new();
+    d.drain(&mut out);
+    assert!(out.is_empty(), "no sum short of a rank: {}", out.len());
+    assert!(d.counters.label_bytes.load(Relaxed) >= 2);
+    assert_eq!(d.label_bytes(), 0, "the group ended");
+
+    // Ranks that end give their bytes back; the sum of the two ranks is emitted.
+    let ranks = || ["0".to_string(), "1".to_string()].into_iter();
+    for ts in [BASE_TS, BASE_TS + 15_000] {
+        let body = request("m", ts, 1.0, &mut ranks());
+        roomy.process_raw(&mut ws, &body).expect("valid");
+    }
+    d.drain(&mut out);
+    assert_eq!(
+        out.iter()
+            .map(|e| f64::from_bits(e.value_bits))
+            .collect::<Vec<_>>(),
+        vec![2.0],
+        "the sum of the second scrape"
+    );
+    let with_ranks = d.label_bytes();
+    let body = request("m", BASE_TS + 30_000, stale, &mut ranks());
+    roomy.process_raw(&mut ws, &body).expect("valid");
+    assert_eq!(
+        with_ranks - d.label_bytes(),
+        2 * promnorm::derive::ranks::RankSumState::cost(b"0"),
+        "two ranks' bytes given back"
+    );
+    // Groups unseen for `stale_after` are swept with their ranks' bytes.
+    let body = request("m2", BASE_TS, 1.0, &mut ranks());
+    roomy.process_raw(&mut ws, &body).expect("valid");
+    assert_eq!(d.series_count(), 2);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    d.sweep();
+    assert_eq!((d.label_bytes(), d.series_count()), (0, 0));
 }

@@ -128,6 +128,22 @@ impl Mapper {
             + self.total_fix_plans.held_bytes()
     }
 
+    /// The mapper with its name caches (and what they depend on) but none of its
+    /// per-request buffers: what a pooled workspace keeps after an outlier request.
+    pub fn without_buffers(self) -> Mapper {
+        Mapper {
+            resolved: self.resolved,
+            meta_cache: self.meta_cache,
+            le_styles: self.le_styles,
+            le_rescaled: self.le_rescaled,
+            total_fix_plans: self.total_fix_plans,
+            counters_seen: self.counters_seen,
+            counters_version: self.counters_version,
+            hasher: self.hasher,
+            ..Mapper::default()
+        }
+    }
+
     /// Bytes the mapper's per-request buffers hold between requests (what a pooled
     /// workspace keeps), not its name caches ([`Mapper::cache_bytes`]).
     pub fn retained_bytes(&self) -> usize {

@@ -219,9 +219,23 @@ impl V2Encoder {
         Self::default()
     }
 
-    /// Bytes held by the encoder's largest buffer (the encoded series).
+    /// Bytes the encoder's buffers hold between requests (the symbols table, the
+    /// encoded series, the request's metadata).
     pub fn retained_bytes(&self) -> usize {
-        self.series_out.capacity().max(self.series_buf.capacity())
+        fn held<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        self.symbols.retained_bytes()
+            + held(&self.refs)
+            + held(&self.ref_bytes)
+            + held(&self.series_out)
+            + held(&self.series_buf)
+            + held(&self.ex_buf)
+            + held(&self.md)
+            + self.md_index.capacity() * 16
+            + held(&self.md_by_name)
+            + held(&self.md_found)
+            + held(&self.labels_seen)
     }
 
     /// Encodes `v1` (the mapped request, see the module docs) as a 2.0 `Request` into
@@ -768,6 +782,13 @@ fn put_packed(out: &mut Vec<u8>, field: u32, values: &[u32]) {
 pub struct StripScratch {
     series: Vec<u8>,
     inner: Vec<u8>,
+}
+
+impl StripScratch {
+    /// Bytes its buffers hold between requests.
+    pub fn retained_bytes(&self) -> usize {
+        self.series.capacity() + self.inner.capacity()
+    }
 }
 
 /// Writes `v1` (the mapped request) into `out` as plain 1.0: without the samples' and

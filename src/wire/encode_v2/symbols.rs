@@ -18,6 +18,11 @@ pub(super) struct Symbols {
 }
 
 impl Symbols {
+    /// Bytes the table holds between requests.
+    pub(super) fn retained_bytes(&self) -> usize {
+        self.bytes.capacity() + 4 * (self.ends.capacity() + self.slots.capacity())
+    }
+
     pub(super) fn hash(&self, b: &[u8]) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write(b);
