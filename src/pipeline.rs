@@ -89,8 +89,9 @@ pub struct RouteInput<'a> {
     pub classic: Option<(&'a [u8], Unrolled)>,
 }
 
-/// A workspace that holds more than this ([`Workspace::held_bytes`]) is freed rather
-/// than pooled: one worker's share of the memory bound (`config::memory::WORKER_BYTES`).
+/// A workspace that holds more than this ([`Workspace::held_bytes`]) sheds its buffers
+/// before it is pooled (and is freed if its caches alone hold more): one worker's share
+/// of the memory bound (`config::memory::WORKER_BYTES`).
 /// Prometheus' default batches (2,000 samples) leave well under 1 MiB of buffers, and a
 /// sender's few thousand names well under 1 MiB of caches.
 pub const WORKSPACE_RETAIN_BYTES: usize = 64 << 20;
@@ -107,7 +108,8 @@ impl Workspace {
 
     /// Bytes its per-request buffers hold: its byte buffers, its decoded view (a
     /// request of tiny samples grows it far past their bytes), the mapper's, the
-    /// encoders' and the tenant split's buffers.
+    /// encoders' and the tenant split's buffers that grow with a request (the small
+    /// per-series scratch vectors aside).
     pub fn buffer_bytes(&self) -> usize {
         self.raw.capacity()
             + self.decoded.retained_bytes()
@@ -578,9 +580,10 @@ mod tests {
         // Three whole; the others without their buffers (nothing left: no caches).
         assert_eq!(idle, 10);
         assert_eq!(bytes, 3 * one);
-        // Taking one gives its bytes back to the pool.
-        let ws = p.take_workspace();
-        assert_eq!(p.pooled(), (9, bytes - ws.held_bytes()));
+        // Taking them gives their bytes back to the pool.
+        let taken: Vec<_> = (0..10).map(|_| p.take_workspace()).collect();
+        assert_eq!(p.pooled(), (0, 0));
+        assert_eq!(taken.iter().map(|w| w.held_bytes()).sum::<usize>(), bytes);
     }
 
     /// A workspace past a worker's share keeps its name caches and sheds its buffers;

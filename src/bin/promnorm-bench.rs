@@ -410,34 +410,42 @@ fn pipeline_cost(
     // Worker `w` starts its passes at request `w * n / threads` and wraps around: the
     // workers of a server take different requests at any moment (a sender's shards
     // carry different series), not the same series at the same instant.
-    let worker = |w: usize| -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let worker = |w: usize| -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
         let mut ws = pipeline.take_workspace();
         ws.skip_v1_body = out == Proto::V2 || tenancy.is_some();
         let mut drained = Vec::new();
         let family_tenants = std::sync::Mutex::new(promnorm::wire::split::FamilyTenants::new());
         let first = w * bodies.list.len() / threads.max(1);
         let (tail, head) = bodies.list.split_at(first);
-        let mut pass = |ws: &mut promnorm::pipeline::Workspace| -> anyhow::Result<()> {
-            for b in head.iter().chain(tail) {
-                pipeline.process_as(ws, b, input)?;
-                if let Some(label) = tenancy {
-                    split_and_encode(ws, label, out, &family_tenants)?;
-                } else if out == Proto::V2 {
-                    pipeline.encode_v2(ws)?;
+        // Each request's CPU time in the timed passes, in µs: how far the slowest
+        // request of a pass stands from the usual one (a latency tail's own cost).
+        let mut request_us: Vec<f64> = Vec::new();
+        let mut pass =
+            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<()> {
+                for b in head.iter().chain(tail) {
+                    let c0 = if timed { thread_cpu_seconds() } else { 0.0 };
+                    pipeline.process_as(ws, b, input)?;
+                    if let Some(label) = tenancy {
+                        split_and_encode(ws, label, out, &family_tenants)?;
+                    } else if out == Proto::V2 {
+                        pipeline.encode_v2(ws)?;
+                    }
+                    if let Some(d) = pipeline.deriver() {
+                        drained.clear();
+                        d.drain(&mut drained);
+                    }
+                    if timed {
+                        request_us.push((thread_cpu_seconds() - c0) * 1e6);
+                    }
                 }
-                if let Some(d) = pipeline.deriver() {
-                    drained.clear();
-                    d.drain(&mut drained);
-                }
-            }
-            Ok(())
-        };
-        pass(&mut ws)?; // warm: buffers grown, caches filled
+                Ok(())
+            };
+        pass(&mut ws, false)?; // warm: buffers grown, caches filled
         start.wait();
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
         for _ in 0..rounds.max(1) {
             let (c0, w0) = (thread_cpu_seconds(), Instant::now());
-            pass(&mut ws)?;
+            pass(&mut ws, true)?;
             cpu.push((thread_cpu_seconds() - c0) * 1e9 / samples);
             wall.push(w0.elapsed().as_secs_f64() * 1e9 / samples);
         }
@@ -445,21 +453,22 @@ fn pipeline_cost(
         // meets the others' load on the shared pipeline all through.
         finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         while finished.load(std::sync::atomic::Ordering::Acquire) < threads.max(1) {
-            pass(&mut ws)?;
+            pass(&mut ws, false)?;
         }
-        Ok((cpu, wall))
+        Ok((cpu, wall, request_us))
     };
-    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+    let (mut cpu, mut wall, mut request_us) = (Vec::new(), Vec::new(), Vec::new());
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let handles: Vec<_> = (0..threads.max(1))
             .map(|w| scope.spawn(move || worker(w)))
             .collect();
         for h in handles {
-            let (c, w) = h
+            let (c, w, r) = h
                 .join()
                 .map_err(|_| anyhow::anyhow!("a pipeline worker panicked"))??;
             cpu.extend(c);
             wall.extend(w);
+            request_us.extend(r);
         }
         Ok(())
     })?;
@@ -471,6 +480,13 @@ fn pipeline_cost(
         .map(|w| rounds.max(1) as f64 * samples / (w.iter().sum::<f64>() * samples / 1e9).max(1e-9))
         .sum();
     let min = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    request_us.sort_by(f64::total_cmp);
+    let request_quantile = |q: f64| {
+        request_us
+            .get(((request_us.len() as f64 * q) as usize).min(request_us.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
     println!(
         "{}",
         serde_json::json!({
@@ -486,6 +502,9 @@ fn pipeline_cost(
             "cpu_ns_per_sample_median": median(cpu.clone()),
             "wall_ns_per_sample_min": min(&wall),
             "wall_ns_per_sample_median": median(wall.clone()),
+            "request_cpu_us_p50": request_quantile(0.5),
+            "request_cpu_us_p99": request_quantile(0.99),
+            "request_cpu_us_max": request_us.last().copied().unwrap_or(0.0),
             "commit": std::env::var("BENCH_COMMIT").unwrap_or_default(),
         })
     );

@@ -390,9 +390,9 @@ impl Deriver {
                 return;
             }
             // A rank's value and history count against the label-byte budget like a
-            // label set. A rank that cannot be kept ends its group: a sum without it
-            // would be wrong, not short of a rank. The group starts again (learning
-            // its ranks) once there is room.
+            // label set. A rank that cannot be kept ends its group's sum: a sum without
+            // it would be wrong. The group learns its ranks again from its next
+            // timestamp on, and sums again once they all fit.
             let need = RankSumState::cost(rank) + if new_group { key.len() } else { 0 };
             if brings_value
                 && (key.len() > MAX_LABEL_SET_BYTES
@@ -448,23 +448,19 @@ impl Deriver {
         }
     }
 
-    /// Forgets the group `key` of a sum over ranks, if held; a sum it emitted ends with
-    /// a stale marker at `timestamp` (when that is after its last sum).
+    /// Ends the sum of the group `key`, if held ([`RankSumState::end`]): its ranks'
+    /// bytes given back, a stale marker queued when a sum was open. The group keeps its
+    /// label set (one `Arc` per derived series, so its samples stay in order).
     fn end_rank_sum(&self, shard: &mut Shard, key: &[u8], timestamp: i64) {
-        let Some((labels, state)) = shard.rank_sums.remove_entry(key) else {
+        let Some(labels) = shard.rank_sums.get_key_value(key).map(|(k, _)| k.clone()) else {
             return;
         };
-        self.label_bytes
-            .fetch_sub(labels.len() + state.bytes(), Ordering::Relaxed);
-        self.series_count.fetch_sub(1, Ordering::Relaxed);
-        if state.last_emitted().is_some_and(|t| timestamp > t) {
-            self.enqueue(
-                &mut shard.queue,
-                &labels,
-                RANK_SUM,
-                timestamp,
-                STALE_NAN_BITS,
-            );
+        let Some(state) = shard.rank_sums.get_mut(key) else {
+            return;
+        };
+        self.label_bytes.fetch_sub(state.bytes(), Ordering::Relaxed);
+        if let Some(at) = state.end(timestamp) {
+            self.enqueue(&mut shard.queue, &labels, RANK_SUM, at, STALE_NAN_BITS);
         }
     }
 

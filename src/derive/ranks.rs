@@ -52,6 +52,8 @@ pub struct RankSumState {
     ranks: Vec<Rank>,
     /// [`RankSumState::cost`] summed over the ranks kept.
     bytes: usize,
+    /// A sum was emitted since the last stale marker.
+    open: bool,
 }
 
 impl RankSumState {
@@ -69,9 +71,23 @@ impl RankSumState {
         self.ranks.len()
     }
 
-    /// The timestamp of the last sum emitted, if any.
-    pub fn last_emitted(&self) -> Option<i64> {
-        (self.last_emitted != EMPTY).then_some(self.last_emitted)
+    /// Ends the sum (a rank that cannot be kept arrived at `timestamp`: a sum without
+    /// it would be wrong): forgets every rank, so that the group learns them again
+    /// from its next timestamp on, and returns the timestamp of the stale marker that
+    /// ends an open sum: after `timestamp` and after the last sum, so the series stays
+    /// in order. The group itself (its label set) stays.
+    pub fn end(&mut self, timestamp: i64) -> Option<i64> {
+        self.ranks.clear();
+        self.bytes = 0;
+        self.shrink();
+        self.first = EMPTY;
+        if !self.open {
+            return None;
+        }
+        self.open = false;
+        let at = timestamp.max(self.last_emitted.saturating_add(1));
+        self.last_emitted = at;
+        Some(at)
     }
 
     pub fn has_rank(&self, rank: &[u8]) -> bool {
@@ -99,6 +115,7 @@ impl RankSumState {
             first: EMPTY,
             ranks: Vec::new(),
             bytes: 0,
+            open: false,
         }
     }
 
@@ -120,6 +137,7 @@ impl RankSumState {
             if self.ranks.is_empty() && self.last_emitted != EMPTY && timestamp > self.last_emitted
             {
                 self.last_emitted = timestamp;
+                self.open = false;
                 return Some((timestamp, STALE_NAN_BITS));
             }
             return None;
@@ -174,6 +192,7 @@ impl RankSumState {
             sum += r.at(timestamp)?;
         }
         self.last_emitted = timestamp;
+        self.open = true;
         Some((timestamp, sum.to_bits()))
     }
 }
@@ -225,5 +244,22 @@ mod tests {
             s.observe(b"0", 8000, STALE_NAN_BITS, &mut gone),
             Some((8000, STALE_NAN_BITS))
         );
+    }
+
+    #[test]
+    fn an_ended_sum_stales_after_its_last_sum_and_learns_its_ranks_again() {
+        let mut s = RankSumState::new(0);
+        for ts in [1000, 2000] {
+            feed(&mut s, "0", ts, 1.0);
+            feed(&mut s, "1", ts, 2.0);
+        }
+        assert_eq!(s.bytes(), 2 * RankSumState::cost(b"0"));
+        assert_eq!(s.end(2000), Some(2001), "after the sum at 2000");
+        assert_eq!((s.bytes(), s.rank_count()), (0, 0));
+        assert_eq!(s.end(2500), None, "nothing open");
+        assert_eq!(feed(&mut s, "0", 3000, 1.0), None, "learning again");
+        assert_eq!(feed(&mut s, "1", 3000, 2.0), None);
+        assert_eq!(feed(&mut s, "0", 4000, 1.0), None);
+        assert_eq!(feed(&mut s, "1", 4000, 2.0), Some(3.0));
     }
 }

@@ -267,8 +267,8 @@ impl TenantSplit {
         Ok(i)
     }
 
-    /// Bytes held by all tenant bodies together (a workspace that held many large ones
-    /// is freed rather than pooled).
+    /// Bytes held by all tenant bodies together (counted in what a pooled workspace
+    /// holds).
     pub fn retained_bytes(&self) -> usize {
         self.bodies.iter().map(|b| b.body.capacity()).sum::<usize>()
             + self.series_buf.capacity()

@@ -505,53 +505,82 @@ fn sums_over_ranks_count_their_ranks_bytes() {
         "ranks past the budget refused, counted"
     );
 
-    // A rank value over the cap is not kept, even with room: its group ends and emits
-    // nothing, where a sum without that rank would be wrong.
+    assert!(d.label_bytes() > 0, "ranks kept up to the bound");
+
+    // A rank value over the cap is not kept, even with room: its group's sum ends and
+    // nothing short of that rank is emitted.
     let roomy = pipeline_with("  stale_after: 1s\n");
     let mut ws = roomy.take_workspace();
     let d = roomy.deriver().unwrap().clone();
+    let mut send = |model: &str, ts: i64, value: f64, ranks: &[&str]| {
+        let body = request(model, ts, value, &mut ranks.iter().map(|r| r.to_string()));
+        roomy.process_raw(&mut ws, &body).expect("valid");
+    };
+    let drained = || {
+        let mut out: Vec<Emitted> = Vec::new();
+        d.drain(&mut out);
+        out.iter()
+            .map(|e| (e.timestamp - BASE_TS, f64::from_bits(e.value_bits)))
+            .collect::<Vec<_>>()
+    };
     let too_long = "r".repeat(MAX_RANK_BYTES + 1);
     for ts in [BASE_TS, BASE_TS + 15_000] {
-        let body = request(
-            "m",
-            ts,
-            1.0,
-            &mut ["0".to_string(), too_long.clone()].into_iter(),
-        );
-        roomy.process_raw(&mut ws, &body).expect("valid");
+        send("m", ts, 1.0, &["0", &too_long]);
     }
-    let mut out: Vec<Emitted> = Vec::new();
-    d.drain(&mut out);
-    assert!(out.is_empty(), "no sum short of a rank: {}", out.len());
+    assert!(drained().is_empty(), "no sum short of a rank");
     assert!(d.counters.label_bytes.load(Relaxed) >= 2);
-    assert_eq!(d.label_bytes(), 0, "the group ended");
+    assert_eq!(d.series_count(), 1, "the group stays");
+    let group_only = d.label_bytes();
+    assert!(group_only < 100, "no rank kept: {group_only}");
 
-    // Ranks that end give their bytes back; the sum of the two ranks is emitted.
-    let ranks = || ["0".to_string(), "1".to_string()].into_iter();
-    for ts in [BASE_TS, BASE_TS + 15_000] {
-        let body = request("m", ts, 1.0, &mut ranks());
-        roomy.process_raw(&mut ws, &body).expect("valid");
+    // An open sum ended by a rank it cannot keep ends with a stale marker after its
+    // last sum; the group learns its ranks again, then sums again, all in order.
+    for (k, ranks) in [
+        (0, &["0", "1"][..]),
+        (1, &["0", "1"]),
+        (2, &["0", "1", &too_long]),
+        (3, &["0", "1"]),
+        (4, &["0", "1"]),
+    ] {
+        send("n", BASE_TS + k * 15_000, 1.0, ranks);
     }
-    d.drain(&mut out);
+    let out = drained();
+    assert_eq!(out.len(), 4, "{out:?}");
+    assert_eq!(&out[..2], &[(15_000, 2.0), (30_000, 2.0)]);
+    assert_eq!(out[2].0, 30_001, "the stale marker after the last sum");
+    assert_eq!(out[2].1.to_bits(), promnorm::wire::STALE_NAN_BITS);
     assert_eq!(
-        out.iter()
-            .map(|e| f64::from_bits(e.value_bits))
-            .collect::<Vec<_>>(),
-        vec![2.0],
-        "the sum of the second scrape"
+        out[3],
+        (60_000, 2.0),
+        "learnt again at 45 s, summed at 60 s"
     );
+
+    // Stale markers of a rank never kept create nothing.
+    let groups = d.series_count();
+    send("s", BASE_TS, stale, &["0"]);
+    assert_eq!(d.series_count(), groups);
+
+    // A 257th rank ends the sum too.
+    let many: Vec<String> = (0..257).map(|i| i.to_string()).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let refused = d.counters.label_bytes.load(Relaxed);
+    for ts in [BASE_TS, BASE_TS + 15_000] {
+        send("many", ts, 1.0, &many);
+    }
+    assert!(drained().is_empty());
+    assert_eq!(d.counters.label_bytes.load(Relaxed), refused + 2);
+
+    // Ranks that end give their bytes back.
     let with_ranks = d.label_bytes();
-    let body = request("m", BASE_TS + 30_000, stale, &mut ranks());
-    roomy.process_raw(&mut ws, &body).expect("valid");
+    send("n", BASE_TS + 75_000, stale, &["0", "1"]);
     assert_eq!(
         with_ranks - d.label_bytes(),
         2 * promnorm::derive::ranks::RankSumState::cost(b"0"),
         "two ranks' bytes given back"
     );
-    // Groups unseen for `stale_after` are swept with their ranks' bytes.
-    let body = request("m2", BASE_TS, 1.0, &mut ranks());
-    roomy.process_raw(&mut ws, &body).expect("valid");
-    assert_eq!(d.series_count(), 2);
+    // Groups unseen for `stale_after` are swept with their ranks' bytes ("m2" holds
+    // two ranks).
+    send("m2", BASE_TS, 1.0, &["0", "1"]);
     std::thread::sleep(std::time::Duration::from_millis(2100));
     d.sweep();
     assert_eq!((d.label_bytes(), d.series_count()), (0, 0));
