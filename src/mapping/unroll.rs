@@ -74,9 +74,7 @@ impl Unroller {
 
     /// Bytes its buffers hold between requests.
     pub fn retained_bytes(&self) -> usize {
-        fn held<T>(v: &Vec<T>) -> usize {
-            v.capacity() * std::mem::size_of::<T>()
-        }
+        use crate::wire::held;
         held(&self.labels)
             + held(&self.kept)
             + held(&self.exemplars)

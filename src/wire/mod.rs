@@ -30,6 +30,11 @@ pub use decode::{DecodeLimits, DecodedRequest, Span};
 /// `is_nan()`, and never rescaled.
 pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
 
+/// Bytes a vector's capacity holds (what a reused buffer keeps between requests).
+pub fn held<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
+}
+
 /// Why a request body could not be decoded. Every variant maps to `400` except the size
 /// limits, which map to `413`.
 #[derive(Debug, thiserror::Error)]

@@ -38,6 +38,7 @@ use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span}
 use crate::wire::encode::{
     NO_KEY, SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
 };
+use crate::wire::held;
 
 /// Prometheus' stale marker. Compared by bits, never by `is_nan()`.
 pub use crate::wire::STALE_NAN_BITS;
@@ -106,11 +107,6 @@ pub struct Mapper {
     /// This request runs the metadata `_total` fix (see [`Mapper::pass_through`]).
     total_fix_on: bool,
     pub stats: MapStats,
-}
-
-/// Bytes a vector's capacity holds.
-fn held<T>(v: &Vec<T>) -> usize {
-    v.capacity() * std::mem::size_of::<T>()
 }
 
 impl Mapper {

@@ -222,9 +222,7 @@ impl V2Encoder {
     /// Bytes the encoder's buffers hold between requests (the symbols table, the
     /// encoded series, the request's metadata).
     pub fn retained_bytes(&self) -> usize {
-        fn held<T>(v: &Vec<T>) -> usize {
-            v.capacity() * std::mem::size_of::<T>()
-        }
+        use crate::wire::held;
         self.symbols.retained_bytes()
             + held(&self.refs)
             + held(&self.ref_bytes)
