@@ -54,6 +54,11 @@ pub struct RankSumState {
     bytes: usize,
     /// A sum was emitted since the last stale marker.
     open: bool,
+    /// The newest timestamp of a rank that could not be kept ([`RankSumState::end`]):
+    /// while it is as recent as a reporting rank's oldest remembered timestamp (the
+    /// rule that forgets a rank that stopped), no sum is emitted, in whatever order
+    /// the refused rank arrives among the others.
+    refused_newest: i64,
 }
 
 impl RankSumState {
@@ -81,6 +86,7 @@ impl RankSumState {
         self.bytes = 0;
         self.shrink();
         self.first = EMPTY;
+        self.refused_newest = self.refused_newest.max(timestamp);
         if !self.open {
             return None;
         }
@@ -116,6 +122,7 @@ impl RankSumState {
             ranks: Vec::new(),
             bytes: 0,
             open: false,
+            refused_newest: EMPTY,
         }
     }
 
@@ -134,8 +141,12 @@ impl RankSumState {
             if let Some(i) = pos {
                 self.forget(i);
             }
-            if self.ranks.is_empty() && self.last_emitted != EMPTY && timestamp > self.last_emitted
-            {
+            if !self.ranks.is_empty() {
+                return None;
+            }
+            // Ranks that come back are learnt again, as at the group's start.
+            self.first = EMPTY;
+            if self.open && timestamp > self.last_emitted {
                 self.last_emitted = timestamp;
                 self.open = false;
                 return Some((timestamp, STALE_NAN_BITS));
@@ -184,7 +195,10 @@ impl RankSumState {
         if self.first == EMPTY {
             self.first = timestamp;
         }
-        if timestamp <= self.last_emitted || timestamp <= self.first {
+        if timestamp <= self.last_emitted
+            || timestamp <= self.first
+            || self.refused_newest >= horizon
+        {
             return None;
         }
         let mut sum = 0.0;
@@ -261,5 +275,64 @@ mod tests {
         assert_eq!(feed(&mut s, "1", 3000, 2.0), None);
         assert_eq!(feed(&mut s, "0", 4000, 1.0), None);
         assert_eq!(feed(&mut s, "1", 4000, 2.0), Some(3.0));
+    }
+
+    #[test]
+    fn a_refused_rank_blocks_sums_in_any_order_until_it_stops() {
+        let mut s = RankSumState::new(0);
+        let mut sums = Vec::new();
+        // The refused rank (ended each time) arrives first, then last, then first.
+        for (k, refused_first) in [(1, true), (2, false), (3, true), (4, false)] {
+            let ts = k * 1000;
+            if refused_first {
+                s.end(ts);
+            }
+            sums.extend(feed(&mut s, "0", ts, 1.0));
+            sums.extend(feed(&mut s, "1", ts, 2.0));
+            if !refused_first {
+                s.end(ts);
+            }
+        }
+        assert!(
+            sums.is_empty(),
+            "no sum short of the refused rank: {sums:?}"
+        );
+        // It stops: once it is older than what the ranks remember, they sum again.
+        for ts in (5..12).map(|k| k * 1000) {
+            feed(&mut s, "0", ts, 1.0);
+            sums.extend(feed(&mut s, "1", ts, 2.0));
+        }
+        assert!(
+            !sums.is_empty() && sums.iter().all(|v| *v == 3.0),
+            "{sums:?}"
+        );
+    }
+
+    #[test]
+    fn ranks_back_after_every_one_went_stale_are_learnt_again() {
+        let mut s = RankSumState::new(0);
+        for ts in [1000, 2000] {
+            feed(&mut s, "0", ts, 1.0);
+            feed(&mut s, "1", ts, 2.0);
+        }
+        let mut gone = 0;
+        assert!(s.observe(b"0", 3000, STALE_NAN_BITS, &mut gone).is_none());
+        assert_eq!(
+            s.observe(b"1", 3000, STALE_NAN_BITS, &mut gone),
+            Some((3000, STALE_NAN_BITS))
+        );
+        assert_eq!(
+            s.observe(b"1", 3500, STALE_NAN_BITS, &mut gone),
+            None,
+            "one stale marker ends the sum"
+        );
+        assert_eq!(
+            feed(&mut s, "0", 4000, 1.0),
+            None,
+            "learning, not a sum of one"
+        );
+        assert_eq!(feed(&mut s, "1", 4000, 2.0), None);
+        assert_eq!(feed(&mut s, "0", 5000, 1.0), None);
+        assert_eq!(feed(&mut s, "1", 5000, 2.0), Some(3.0));
     }
 }
