@@ -391,8 +391,8 @@ impl Deriver {
             }
             // A rank's value and history count against the label-byte budget like a
             // label set. A rank that cannot be kept ends its group's sum: a sum without
-            // it would be wrong. The group learns its ranks again from its next
-            // timestamp on, and sums again once they all fit.
+            // it would be wrong. The group learns its ranks again, and sums again once
+            // every rank fits or the refused one has stopped ([`RankSumState::end`]).
             let need = RankSumState::cost(rank) + if new_group { key.len() } else { 0 };
             if brings_value
                 && (key.len() > MAX_LABEL_SET_BYTES
