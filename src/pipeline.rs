@@ -294,7 +294,10 @@ impl Pipeline {
     /// many idle), keeps only its name caches (its buffers are freed), and is freed
     /// whole when even that does not fit: idle workspaces never pin more than the
     /// memory bound's share, and a sender of large batches keeps its warm caches.
-    pub fn return_workspace(&self, ws: Box<Workspace>) {
+    pub fn return_workspace(&self, mut ws: Box<Workspace>) {
+        if let Some(counters) = &self.counters {
+            ws.mapper.forget_stale_counters(counters);
+        }
         let bytes = ws.held_bytes();
         let Err(mut ws) = self.pool_if_room(ws, bytes) else {
             return;

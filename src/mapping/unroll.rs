@@ -75,7 +75,8 @@ impl Unroller {
     /// Bytes its buffers hold between requests.
     pub fn retained_bytes(&self) -> usize {
         use crate::wire::held;
-        held(&self.labels)
+        self.hist.retained_bytes()
+            + held(&self.labels)
             + held(&self.kept)
             + held(&self.exemplars)
             + held(&self.rows)

@@ -97,6 +97,13 @@ pub struct LabelMemo {
     cur_offset: Option<usize>,
 }
 
+impl LabelMemo {
+    /// Bytes its vectors hold between requests.
+    pub fn retained_bytes(&self) -> usize {
+        super::held(&self.prev) + super::held(&self.cur)
+    }
+}
+
 /// A label as spans of the request buffer, name start, name end, value start and value
 /// end from the high bits down ([`label_key`]); [`NO_KEY`] for a label that is not.
 pub type LabelKey = u128;

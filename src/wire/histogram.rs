@@ -47,6 +47,20 @@ pub struct NativeHistogram {
     pub start_timestamp: i64,
 }
 
+impl NativeHistogram {
+    /// Bytes its vectors hold (a reused decode target keeps them between requests).
+    pub fn retained_bytes(&self) -> usize {
+        use super::held;
+        held(&self.negative_spans)
+            + held(&self.negative_deltas)
+            + held(&self.negative_counts)
+            + held(&self.positive_spans)
+            + held(&self.positive_deltas)
+            + held(&self.positive_counts)
+            + held(&self.custom_values)
+    }
+}
+
 #[inline]
 fn zigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)

@@ -267,12 +267,29 @@ impl TenantSplit {
         Ok(i)
     }
 
-    /// Bytes held by all tenant bodies together (counted in what a pooled workspace
+    /// Bytes the split holds between requests, all together: the tenant bodies and the
+    /// scratch of the families and names it saw (counted in what a pooled workspace
     /// holds).
     pub fn retained_bytes(&self) -> usize {
-        self.bodies.iter().map(|b| b.body.capacity()).sum::<usize>()
-            + self.series_buf.capacity()
-            + self.families.capacity() * std::mem::size_of::<(u64, u32, u32, u32)>()
+        use super::held;
+        self.bodies
+            .iter()
+            .map(|b| b.body.capacity() + b.tenant.capacity())
+            .sum::<usize>()
+            + held(&self.bodies)
+            + self.index.capacity() * 16
+            + held(&self.series_buf)
+            + held(&self.families)
+            + held(&self.targets)
+            + held(&self.seen)
+            + held(&self.recent)
+            + held(&self.name_buf)
+            + self
+                .remembered
+                .iter()
+                .map(|t| t.as_ref().map_or(0, Vec::capacity))
+                .sum::<usize>()
+            + held(&self.remembered)
     }
 
     /// Splits `v1` (a mapped 1.0 request) by tenant; returns one body per tenant, in the

@@ -72,6 +72,21 @@ impl Mapper {
         }
     }
 
+    /// Drops a snapshot of the learnt counter families that is no longer the current
+    /// one, before the mapper idles in the pool: each snapshot taken after a change is a
+    /// copy of up to [`CounterFamilies::BYTES`], and idle mappers holding old ones would
+    /// pin one each, counted nowhere. The next request takes the current one.
+    pub fn forget_stale_counters(&mut self, cf: &CounterFamilies) {
+        if cf.version.load(Ordering::Acquire) != self.counters_version
+            && !self.counters_seen.is_empty()
+        {
+            self.counters_seen = Arc::default();
+            // Never a current version: the next refresh takes a snapshot (and clears the
+            // names resolved with the old one).
+            self.counters_version = u64::MAX;
+        }
+    }
+
     /// The metadata `_total` fix: a series named exactly like a learnt counter family.
     pub(super) fn total_fix(&mut self, name: &str) -> Option<Resolved> {
         if self.counters_seen.is_empty() || !self.counters_seen.contains(name) {
@@ -238,5 +253,28 @@ mod tests {
         // A name learnt twice counts once; a short new one still fits.
         cf.learn(&mut vec!["0_0_x".into(), "0_0_x".into()]);
         assert_eq!(cf.bytes(), held + "0_0_x".len() + 64);
+    }
+
+    #[test]
+    fn an_idle_mapper_lets_go_of_an_old_snapshot_and_takes_the_new_one_when_used() {
+        let cf = CounterFamilies::default();
+        cf.learn(&mut vec!["vllm:old_requests".into()]);
+        let mut m = Mapper::new();
+        m.refresh_counters(&cf);
+        assert!(m.total_fix("vllm:old_requests").is_some());
+        // Current: kept (no copy to take again).
+        m.forget_stale_counters(&cf);
+        assert_eq!(Arc::strong_count(&m.counters_seen), 2);
+        cf.learn(&mut vec!["vllm:new_requests".into()]);
+        let old = Arc::downgrade(&m.counters_seen);
+        m.forget_stale_counters(&cf);
+        assert!(old.upgrade().is_none(), "the old copy is freed");
+        assert!(
+            m.total_fix("vllm:new_requests").is_none(),
+            "nothing held now"
+        );
+        m.refresh_counters(&cf);
+        assert!(m.total_fix("vllm:old_requests").is_some());
+        assert!(m.total_fix("vllm:new_requests").is_some());
     }
 }

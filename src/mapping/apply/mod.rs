@@ -162,6 +162,11 @@ impl Mapper {
             + held(&self.taps)
             + held(&self.tap_labels)
             + held(&self.tap_samples)
+            + self.native.retained_bytes()
+            + held(&self.le_key)
+            + self.label_memo.retained_bytes()
+            + self.learnt.iter().map(|n| n.len()).sum::<usize>()
+            + held(&self.learnt)
             + self.index.capacity() * 16
             + self.meta_seen.capacity() * 8
             + self.le_unproven.capacity() * 16
