@@ -21,12 +21,31 @@ pub(super) const FAST_LABELS: usize = 32;
 const REFS_KEY: u8 = (1 << 3) | WIRE_LEN;
 
 /// A label's two references as varints, in the first `.1` bytes (at most ten; sixteen so
-/// that they are copied as one fixed-size block).
+/// that they are copied as one fixed-size block). Built in registers: written byte by
+/// byte into memory and read back as one 16-byte block, the read waited for the bytes'
+/// stores (no store forwarding from narrow stores to a wide load), a tenth of the
+/// encoder's time.
+#[inline(always)]
 pub(super) fn pack_refs(name_ref: u32, value_ref: u32) -> ([u8; 16], u8) {
-    let mut packed = [0u8; 16];
-    let len = put_varint_at(&mut packed, 0, name_ref.into());
-    let len = len + put_varint_at(&mut packed, len, value_ref.into());
-    (packed, len as u8)
+    let (name, name_len) = varint_word(name_ref);
+    let (value, value_len) = varint_word(value_ref);
+    let packed = u128::from(name) | (u128::from(value) << (8 * name_len));
+    (packed.to_le_bytes(), (name_len + value_len) as u8)
+}
+
+/// `v` as a varint in the low bytes of a word (at most five), and its length.
+#[inline(always)]
+fn varint_word(v: u32) -> (u64, u32) {
+    if v < 0x80 {
+        return (u64::from(v), 1);
+    }
+    let (mut v, mut word, mut len) = (u64::from(v), 0u64, 0u32);
+    while v >= 0x80 {
+        word |= ((v & 0x7f) | 0x80) << (8 * len);
+        v >>= 7;
+        len += 1;
+    }
+    (word | (v << (8 * len)), len + 1)
 }
 
 /// The labels of the previous series the one-pass encoder wrote, by index. Label `m`'s

@@ -899,6 +899,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_label_s_packed_references_are_the_two_varints() {
+        let edges = [
+            0u32,
+            1,
+            127,
+            128,
+            300,
+            0x3fff,
+            0x4000,
+            (1 << 21) - 1,
+            1 << 21,
+            (1 << 28) - 1,
+            1 << 28,
+            u32::MAX,
+        ];
+        for &a in &edges {
+            for &b in &edges {
+                let mut want = Vec::new();
+                crate::wire::pb::put_varint(&mut want, a.into());
+                crate::wire::pb::put_varint(&mut want, b.into());
+                let (packed, len) = fast::pack_refs(a, b);
+                assert_eq!(&packed[..usize::from(len)], &want[..], "{a} {b}");
+                assert!(packed[usize::from(len)..].iter().all(|&x| x == 0));
+            }
+        }
+    }
+
     /// A mapped body: `n` series, each with its own label value, one sample with a start
     /// timestamp, and one metadata entry.
     fn mapped(n: usize) -> Vec<u8> {
