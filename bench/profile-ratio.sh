@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The paths' cost against every pack, from profiles, immune to the machine's drift.
+#
+#   bench/profile-ratio.sh ROUNDS [CASE...]
+#
+# On a machine whose speed drifts by more than the few per cent a ratio goal leaves
+# (a shared VM), samples/s measured one run after another compare the moments as much
+# as the paths. This runs each case of bench/vs-vmagent.sh (default: the paths whose
+# input side is the same as every pack's: memory queue, disk queue, 2.0 out, tenancy)
+# and `promnorm-all-packs` in rounds, samples the SUT with `perf record` (Debian's
+# `linux-perf`) while it runs, and takes the share of its CPU that four stages doing
+# the same work per sample in every such case take (decode, map, apply, snappy
+# decompress). Those stages cost the same per sample in both, so
+#
+#   ratio = share in the case / share in every pack = CPU per sample of every pack /
+#           CPU per sample of the case
+#
+# which is the case's samples/s per core over every pack's, whatever the machine's
+# speed was in either run. `ratio` counts all the SUT's samples (kernel included: a
+# disk queue's writes are its cost); `ratio_user` leaves the kernel's out (a run in
+# which the hypervisor's interrupts took a share shows in the gap). Not for 2.0 in or
+# pass-through: their input side differs. One JSON line per run, then the medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+shift || true
+CASES_WANTED=("$@")
+if [ ${#CASES_WANTED[@]} -eq 0 ]; then
+  CASES_WANTED=(promnorm-all-packs-memory-queue promnorm-all-packs-disk-queue
+    promnorm-all-packs-rw2-out promnorm-all-packs-tenancy)
+fi
+DURATION=${DURATION:-14}
+command -v perf >/dev/null || {
+  echo "perf not found (Debian: apt-get install linux-perf)" >&2
+  exit 1
+}
+. bench/lib.sh
+export PROMNORM_BIN=$PROMNORM BENCH_BIN=$BENCH
+mkdir -p bench/results
+RESULTS=${RESULTS:-bench/results/profile-ratio-$(date -u +%Y-%m-%dT%H%M).jsonl}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The share (per cent of all samples) of the four stages, the kernel's, and all.
+shares() { # perf.data
+  perf report -i "$1" --no-children --sort sym -g none 2>/dev/null | awk '
+    /^ +[0-9.]+% +\[/ {
+      p = $1; sub("%", "", p); all += p
+      if ($2 == "[k]") kernel += p
+      sym = $0; sub(/^ +[0-9.]+% +\[.\] +/, "", sym); sub(/ +$/, "", sym)
+      if (sym == "promnorm::wire::decode::DecodedRequest::decode_series" ||
+          sym == "promnorm::mapping::apply::Mapper::apply" ||
+          sym == "promnorm::mapping::apply::Mapper::map_request" ||
+          sym == "snap::decompress::Decoder::decompress") base += p
+    }
+    END { printf "%.4f %.4f %.4f\n", base, kernel, all }'
+}
+
+profile() { # case round -> "base kernel all"
+  local name=$1 round=$2 data=$work/$1.$2.data
+  CASES=$name RESULTS=$work/runs.jsonl WARMUP=${WARMUP:-5} \
+    bench/vs-vmagent.sh 1 "$DURATION" >"$work/$name.$round.log" 2>&1 &
+  local runner=$! pid="" waited=0
+  # The SUT is up once the warm-up began; sample the middle of the measured window.
+  while [ -z "$pid" ] && [ $waited -lt 60 ]; do
+    sleep 1
+    waited=$((waited + 1))
+    pid=$(pgrep -x promnorm | head -1 || true)
+  done
+  sleep $(((${WARMUP:-5}) + 2))
+  if [ -n "$pid" ]; then
+    perf record -F 999 -g -o "$data" -p "$pid" -- sleep $((DURATION - 4)) >/dev/null 2>&1 || true
+  fi
+  wait $runner || true
+  [ -s "$data" ] && shares "$data" || echo "0 0 0"
+}
+
+for ((round = 0; round < ROUNDS; round++)); do
+  read -r b0 k0 a0 < <(profile promnorm-all-packs "$round")
+  for name in "${CASES_WANTED[@]}"; do
+    read -r b k a < <(profile "$name" "$round")
+    awk -v c="$name" -v r="$round" -v b="$b" -v k="$k" -v a="$a" \
+      -v b0="$b0" -v k0="$k0" -v a0="$a0" -v commit="$BENCH_COMMIT" 'BEGIN {
+        ratio = (b0 > 0) ? b / b0 : 0
+        u = a - k; u0 = a0 - k0
+        ratio_user = (b0 > 0 && u > 0) ? (b / u) / (b0 / u0) : 0
+        printf "{\"case\":\"%s\",\"round\":%d,\"base_share\":%.4f,\"kernel_share\":%.4f,\"base_share_all_packs\":%.4f,\"kernel_share_all_packs\":%.4f,\"ratio\":%.4f,\"ratio_user\":%.4f,\"commit\":\"%s\"}\n",
+          c, r, b, k, b0, k0, ratio, ratio_user, commit
+      }' | tee -a "$RESULTS"
+  done
+done
+
+# Medians per case.
+awk -F'[:,]' '
+  { for (i = 1; i < NF; i++) {
+      if ($i ~ /"case"$/) c = $(i + 1)
+      if ($i == "\"ratio\"") r = $(i + 1)
+      if ($i == "\"ratio_user\"") u = $(i + 1)
+    }
+    gsub(/"/, "", c)
+    n[c]++; R[c, n[c]] = r; U[c, n[c]] = u }
+  function median(A, c, k,   i, j, t, v) {
+    for (i = 1; i <= k; i++) v[i] = A[c, i]
+    for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+    return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+  }
+  END {
+    printf "| case | runs | ratio to every pack (median) | user only (median) |\n|---|---|---|---|\n"
+    for (c in n) printf "| %s | %d | %.3f | %.3f |\n", c, n[c], median(R, c, n[c]), median(U, c, n[c])
+  }' "$RESULTS"
+echo "results: $RESULTS"
