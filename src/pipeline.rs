@@ -2,6 +2,7 @@
 //! snappy decode → protobuf view → map → derive → encode → snappy encode, on reusable
 //! buffers. Derived samples leave through the deriver's queues, not this request.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
@@ -213,6 +214,9 @@ pub struct Pipeline {
     metadata_memory: RwLock<MetadataMemory>,
     limits: PipelineLimits,
     pool: Mutex<Pool>,
+    /// The learnt counter families' version when the idle workspaces' snapshots were
+    /// last checked (see [`Pipeline::return_workspace`]).
+    counters_checked: AtomicU64,
 }
 
 /// Idle workspaces, and what they hold all together.
@@ -232,6 +236,7 @@ impl Pipeline {
             metadata_memory: RwLock::new(MetadataMemory::default()),
             limits,
             pool: Mutex::new(Pool::default()),
+            counters_checked: AtomicU64::new(0),
         }
     }
 
@@ -297,6 +302,16 @@ impl Pipeline {
     pub fn return_workspace(&self, mut ws: Box<Workspace>) {
         if let Some(counters) = &self.counters {
             ws.mapper.forget_stale_counters(counters);
+            // Snapshots go stale in idle workspaces too (the pool is last in, first out:
+            // the bottom ones may idle for hours): once per change, all of them.
+            let version = counters.version();
+            if self.counters_checked.swap(version, Ordering::AcqRel) != version
+                && let Ok(mut p) = self.pool.lock()
+            {
+                for (idle, _) in &mut p.idle {
+                    idle.mapper.forget_stale_counters(counters);
+                }
+            }
         }
         let bytes = ws.held_bytes();
         let Err(mut ws) = self.pool_if_room(ws, bytes) else {
@@ -587,6 +602,59 @@ mod tests {
         let taken: Vec<_> = (0..10).map(|_| p.take_workspace()).collect();
         assert_eq!(p.pooled(), (0, 0));
         assert_eq!(taken.iter().map(|w| w.held_bytes()).sum::<usize>(), bytes);
+    }
+
+    /// Idle workspaces let go of learnt-counters snapshots that went stale while they
+    /// idled, once the next workspace comes back after the change.
+    #[test]
+    fn idle_workspaces_let_go_of_stale_counter_snapshots() {
+        use crate::wire::proto::prometheus as pb;
+        let p = Pipeline::new(Arc::new(Rules::empty()), PipelineLimits::default())
+            .with_metadata_total_fix();
+        let request = |family: &str| {
+            let body = pb::WriteRequest {
+                timeseries: vec![pb::TimeSeries {
+                    labels: vec![pb::Label {
+                        name: "__name__".into(),
+                        value: family.into(),
+                    }],
+                    samples: vec![pb::Sample {
+                        value: 1.0,
+                        timestamp: 1,
+                    }],
+                    ..Default::default()
+                }],
+                metadata: vec![pb::MetricMetadata {
+                    r#type: pb::metric_metadata::MetricType::Counter as i32,
+                    metric_family_name: family.into(),
+                    help: "Jobs.".into(),
+                    unit: String::new(),
+                }],
+            };
+            prost::Message::encode_to_vec(&body)
+        };
+        // Learnt, then every workspace maps with a snapshot of it.
+        let mut ws = p.take_workspace();
+        p.process_raw(&mut ws, &request("acme_jobs"))
+            .expect("valid");
+        p.return_workspace(ws);
+        let mut a = p.take_workspace();
+        let mut b = p.take_workspace();
+        p.process_raw(&mut a, &request("acme_jobs")).expect("valid");
+        p.process_raw(&mut b, &request("acme_jobs")).expect("valid");
+        let learnt = a.mapper.counters_snapshot();
+        assert!(learnt.is_some());
+        assert_eq!(b.mapper.counters_snapshot(), learnt);
+        p.return_workspace(a);
+        // A new family changes the set while `a` idles; `b` comes back after it.
+        p.process_raw(&mut b, &request("acme_batches"))
+            .expect("valid");
+        p.return_workspace(b);
+        let idle: Vec<_> = (0..2).map(|_| p.take_workspace()).collect();
+        assert!(
+            idle.iter().all(|w| w.mapper.counters_snapshot() != learnt),
+            "no idle workspace keeps the old copy"
+        );
     }
 
     /// A workspace past a worker's share keeps its name caches and sheds its buffers;

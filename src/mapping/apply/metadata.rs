@@ -23,6 +23,11 @@ impl CounterFamilies {
     /// Bytes of names (plus 64 per name) remembered at most: names may be 64 KiB each.
     pub const BYTES: usize = 8 << 20;
 
+    /// Goes up each time the set changes: a snapshot of another version is a stale copy.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
     /// Bytes held, as [`CounterFamilies::BYTES`] counts them.
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
@@ -85,6 +90,11 @@ impl Mapper {
             // names resolved with the old one).
             self.counters_version = u64::MAX;
         }
+    }
+
+    /// The version of the learnt-counters snapshot it holds; `None`: none (empty).
+    pub fn counters_snapshot(&self) -> Option<u64> {
+        (!self.counters_seen.is_empty()).then_some(self.counters_version)
     }
 
     /// The metadata `_total` fix: a series named exactly like a learnt counter family.

@@ -163,6 +163,7 @@ impl Mapper {
             + held(&self.tap_labels)
             + held(&self.tap_samples)
             + self.native.retained_bytes()
+            + self.stats.retained_bytes()
             + held(&self.le_key)
             + self.label_memo.retained_bytes()
             + self.learnt.iter().map(|n| n.len()).sum::<usize>()

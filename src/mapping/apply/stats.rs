@@ -30,6 +30,18 @@ pub struct MapStats {
 }
 
 impl MapStats {
+    /// Bytes its vectors hold between requests (one entry per run of series for the
+    /// renames and families: they grow with a request).
+    pub fn retained_bytes(&self) -> usize {
+        use crate::wire::held;
+        held(&self.dropped)
+            + held(&self.renamed)
+            + held(&self.rescaled)
+            + held(&self.native_rebucketed)
+            + held(&self.renames)
+            + held(&self.families)
+    }
+
     pub(super) fn reset(&mut self, reasons: usize, packs: usize) {
         self.dropped.clear();
         self.dropped.resize(reasons, 0);
