@@ -19,7 +19,8 @@
 # speed was in either run. `ratio` counts all the SUT's samples (kernel included: a
 # disk queue's writes are its cost); `ratio_user` leaves the kernel's out (a run in
 # which the hypervisor's interrupts took a share shows in the gap). Not for 2.0 in or
-# pass-through: their input side differs. One JSON line per run, then the medians.
+# pass-through: their input side differs. One JSON line per run (a run whose SUT could
+# not be profiled is left out, and said so), then the medians; RESULTS must be new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -30,6 +31,11 @@ if [ ${#CASES_WANTED[@]} -eq 0 ]; then
     promnorm-all-packs-rw2-out promnorm-all-packs-tenancy)
 fi
 DURATION=${DURATION:-14}
+WARMUP=${WARMUP:-5}
+if ! [[ $DURATION =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ ]] || [ "$DURATION" -lt 8 ]; then
+  echo "DURATION (at least 8) and WARMUP are whole seconds" >&2
+  exit 2
+fi
 command -v perf >/dev/null || {
   echo "perf not found (Debian: apt-get install linux-perf)" >&2
   exit 1
@@ -38,6 +44,10 @@ command -v perf >/dev/null || {
 export PROMNORM_BIN=$PROMNORM BENCH_BIN=$BENCH
 mkdir -p bench/results
 RESULTS=${RESULTS:-bench/results/profile-ratio-$(date -u +%Y-%m-%dT%H%M).jsonl}
+if [ -s "$RESULTS" ]; then
+  echo "$RESULTS exists: the medians would mix its runs in; name another" >&2
+  exit 2
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -56,29 +66,47 @@ shares() { # perf.data
     END { printf "%.4f %.4f %.4f\n", base, kernel, all }'
 }
 
-profile() { # case round -> "base kernel all"
-  local name=$1 round=$2 data=$work/$1.$2.data
-  CASES=$name RESULTS=$work/runs.jsonl WARMUP=${WARMUP:-5} \
-    bench/vs-vmagent.sh 1 "$DURATION" >"$work/$name.$round.log" 2>&1 &
-  local runner=$! pid="" waited=0
-  # The SUT is up once the warm-up began; sample the middle of the measured window.
-  while [ -z "$pid" ] && [ $waited -lt 60 ]; do
-    sleep 1
-    waited=$((waited + 1))
-    pid=$(pgrep -x promnorm | head -1 || true)
+descendants() { # pid
+  local c
+  for c in $(pgrep -P "$1" || true); do
+    echo "$c"
+    descendants "$c"
   done
-  sleep $(((${WARMUP:-5}) + 2))
+}
+
+profile() { # case round -> "base kernel all", or "0 0 0" when nothing was sampled
+  local name=$1 round=$2 data=$work/$1.$2.data
+  CASES=$name RESULTS=$work/runs.jsonl WARMUP=$WARMUP \
+    bench/vs-vmagent.sh 1 "$DURATION" >"$work/$name.$round.log" 2>&1 &
+  local runner=$! pid="" waited=0 p
+  # The SUT is the `promnorm` among this run's descendants (not any other promnorm on
+  # the machine); found before it is ready, sampled in the middle of the measured window.
+  while [ -z "$pid" ] && [ $waited -lt 120 ]; do
+    sleep 0.5
+    waited=$((waited + 1))
+    for p in $(descendants "$runner"); do
+      if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = promnorm ]; then
+        pid=$p
+        break
+      fi
+    done
+  done
+  sleep $((WARMUP + 2))
   if [ -n "$pid" ]; then
-    perf record -F 999 -g -o "$data" -p "$pid" -- sleep $((DURATION - 4)) >/dev/null 2>&1 || true
+    perf record -F 999 -o "$data" -p "$pid" -- sleep $((DURATION - 4)) >/dev/null 2>&1 || true
   fi
   wait $runner || true
-  [ -s "$data" ] && shares "$data" || echo "0 0 0"
+  if [ -s "$data" ]; then shares "$data"; else echo "0 0 0"; fi
 }
 
 for ((round = 0; round < ROUNDS; round++)); do
   read -r b0 k0 a0 < <(profile promnorm-all-packs "$round")
   for name in "${CASES_WANTED[@]}"; do
     read -r b k a < <(profile "$name" "$round")
+    if awk -v x="$b" -v y="$b0" 'BEGIN { exit !(x == 0 || y == 0) }'; then
+      echo "round $round, $name: no profile of the SUT (see the harness's output); left out" >&2
+      continue
+    fi
     awk -v c="$name" -v r="$round" -v b="$b" -v k="$k" -v a="$a" \
       -v b0="$b0" -v k0="$k0" -v a0="$a0" -v commit="$BENCH_COMMIT" 'BEGIN {
         ratio = (b0 > 0) ? b / b0 : 0
