@@ -494,9 +494,12 @@ impl Pipeline {
     /// the metadata of their family from the request or, failing that, from earlier
     /// requests.
     pub fn encode_v2(&self, ws: &mut Workspace) -> Result<usize, DecodeError> {
-        let written =
-            ws.v2
-                .encode_remembering(&ws.encoded, &self.metadata_memory, &mut ws.v2_raw)?;
+        let written = ws.v2.encode_remembering(
+            &ws.encoded,
+            &self.metadata_memory,
+            &mut ws.v2_raw,
+            ws.mapper.stats.metadata_out > 0,
+        )?;
         let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
         ws.compressed_v2_len = snappy::compress_into(encoder, &ws.v2_raw, &mut ws.compressed_v2);
         Ok(written.series)

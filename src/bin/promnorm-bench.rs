@@ -538,9 +538,13 @@ fn split_and_encode(
             Proto::V1 => (None, V2Output::No),
             Proto::V2 => (Some(&[][..]), V2Output::Yes(None)),
         };
-        input
-            .bodies
-            .encode(&tb.body, input.has_start_timestamps, v1_done, v2)?;
+        input.bodies.encode(
+            &tb.body,
+            input.has_start_timestamps,
+            v1_done,
+            v2,
+            tb.has_metadata,
+        )?;
     }
     Ok(())
 }

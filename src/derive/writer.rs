@@ -104,6 +104,8 @@ impl Writer {
                 v1: None,
                 samples: chunk.len() as u64,
                 memory: None,
+                // The deriver writes series only.
+                metadata_in_body: false,
                 limit_tenants: false,
                 sender: None,
                 classic: None,

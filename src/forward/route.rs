@@ -59,6 +59,9 @@ pub struct Mapped<'a> {
     pub samples: u64,
     /// Metadata remembered across requests, for 2.0 bodies.
     pub memory: Option<&'a RwLock<MetadataMemory>>,
+    /// `body` may hold metadata entries; false when its producer knows it holds none
+    /// (the mapper wrote none): the 2.0 encoder then skips looking for them.
+    pub metadata_in_body: bool,
     /// Refuse more tenants than `max_tenants_per_request` (a sender's request); the
     /// derived writer's batches have no sender to refuse and are split whatever their
     /// number of tenants.
@@ -169,7 +172,10 @@ impl Routing {
                     let needs_v1 = self.plain.iter().any(|&i| sinks[i].needs_v1());
                     let payload = encode(
                         &mut *bodies,
-                        mapped.body,
+                        Body {
+                            bytes: mapped.body,
+                            metadata_in_body: mapped.metadata_in_body,
+                        },
                         mapped,
                         mapped.v1,
                         needs_v1,
@@ -305,9 +311,11 @@ impl Routing {
         let wants_v2 = members.iter().any(|&i| take(i) && sinks[i].wants_v2());
         let needs_v1 = members.iter().any(|&i| take(i) && sinks[i].needs_v1());
         for tb in tenants {
-            let mut payload = encode(
-                bodies, &tb.body, mapped, None, needs_v1, wants_v2, tb.samples,
-            )?;
+            let body = Body {
+                bytes: &tb.body,
+                metadata_in_body: tb.has_metadata,
+            };
+            let mut payload = encode(bodies, body, mapped, None, needs_v1, wants_v2, tb.samples)?;
             let (tenant, refused) = match tb.tenant() {
                 None => (None, None),
                 Some(t) => {
@@ -368,7 +376,20 @@ impl Routing {
             }
             let wants_v2 = members.iter().any(|&i| sinks[i].wants_v2());
             let needs_v1 = members.iter().any(|&i| sinks[i].needs_v1());
-            let pick = |unrolled: bool| if unrolled { classic.body } else { mapped.body };
+            // The unrolled body may hold HISTOGRAM metadata the unroller wrote.
+            let pick = |unrolled: bool| {
+                if unrolled {
+                    Body {
+                        bytes: classic.body,
+                        metadata_in_body: true,
+                    }
+                } else {
+                    Body {
+                        bytes: mapped.body,
+                        metadata_in_body: mapped.metadata_in_body,
+                    }
+                }
+            };
             let v1_samples = if variant.0 {
                 classic.samples_for(mapped.samples)
             } else {
@@ -430,9 +451,16 @@ impl Routing {
 }
 
 /// One body in the protocols its sinks need.
+/// A body to encode, and whether it may hold metadata entries.
+#[derive(Clone, Copy)]
+struct Body<'a> {
+    bytes: &'a [u8],
+    metadata_in_body: bool,
+}
+
 fn encode(
     bodies: &mut BodyEncoder,
-    body: &[u8],
+    body: Body<'_>,
     mapped: &Mapped<'_>,
     v1_done: Option<&[u8]>,
     needs_v1: bool,
@@ -446,7 +474,13 @@ fn encode(
     };
     // No sink sends 1.0: an empty 1.0 body stands for it (never sent).
     let v1_done = if needs_v1 { v1_done } else { Some(&[][..]) };
-    let b = bodies.encode(body, mapped.has_start_timestamps, v1_done, v2)?;
+    let b = bodies.encode(
+        body.bytes,
+        mapped.has_start_timestamps,
+        v1_done,
+        v2,
+        body.metadata_in_body,
+    )?;
     let mut p = Payload::v1(Bytes::copy_from_slice(b.v1)).with_samples(samples);
     if let Some((v2, series)) = b.v2 {
         p.v2 = Some(Bytes::copy_from_slice(v2));

@@ -587,6 +587,7 @@ fn process(
     let stats = st.pipeline.stats(&ws);
     telemetry::record_map_stats(st.pipeline.rules(), &st.map_metrics, stats);
     let forwarded = stats.samples_out + stats.histograms_out;
+    let metadata_in_body = stats.metadata_out > 0;
     let mut deliveries = Vec::new();
     if !processed.empty {
         let input = ws.route_input();
@@ -596,6 +597,7 @@ fn process(
             v1: input.v1,
             samples: forwarded,
             memory: Some(st.pipeline.metadata_memory()),
+            metadata_in_body,
             limit_tenants: true,
             sender: Some(headers),
             classic: input.classic.map(|(body, u)| ClassicBody {

@@ -43,13 +43,15 @@ pub enum V2Output<'a> {
 impl BodyEncoder {
     /// Encodes `mapped` (a mapped 1.0 request that may carry start timestamps when
     /// `has_start_timestamps`). `v1_done`: the compressed 1.0 body, when the caller has
-    /// it already (it is not compressed again).
+    /// it already (it is not compressed again). `metadata_in_body`: false when the
+    /// caller knows `mapped` holds no metadata entries (the 2.0 encoder skips looking).
     pub fn encode<'a>(
         &'a mut self,
         mapped: &[u8],
         has_start_timestamps: bool,
         v1_done: Option<&'a [u8]>,
         v2: V2Output<'_>,
+        metadata_in_body: bool,
     ) -> Result<Bodies<'a>, DecodeError> {
         let encoder = self.snappy.get_or_insert_with(snap::raw::Encoder::new);
         self.v1_len = 0;
@@ -67,8 +69,14 @@ impl BodyEncoder {
         self.v2_len = 0;
         if let V2Output::Yes(memory) = v2 {
             let written = match memory {
-                Some(m) => self.v2.encode_remembering(mapped, m, &mut self.v2_raw)?,
-                None => self.v2.encode(mapped, None, &mut self.v2_raw)?,
+                Some(m) => {
+                    self.v2
+                        .encode_remembering(mapped, m, &mut self.v2_raw, metadata_in_body)?
+                }
+                None if metadata_in_body => self.v2.encode(mapped, None, &mut self.v2_raw)?,
+                None => self
+                    .v2
+                    .encode_metadata_free(mapped, None, &mut self.v2_raw)?,
             };
             series = written.series;
             self.v2_len = snappy::compress_into(encoder, &self.v2_raw, &mut self.v2_out);

@@ -152,6 +152,8 @@ pub struct TenantBody {
     pub series: usize,
     /// Float samples and histograms in `body`.
     pub samples: u64,
+    /// `body` holds metadata entries (else the 2.0 encoder need not look for them).
+    pub has_metadata: bool,
 }
 
 impl TenantBody {
@@ -259,6 +261,7 @@ impl TenantSplit {
         b.body.clear();
         b.series = 0;
         b.samples = 0;
+        b.has_metadata = false;
         b.has_tenant = tenant.is_some();
         if let Some(t) = tenant {
             b.tenant.extend_from_slice(t);
@@ -574,9 +577,9 @@ impl TenantSplit {
                     }
                     copies_left -= entry.len();
                 }
-                self.bodies[t as usize]
-                    .body
-                    .extend_from_slice(&v1[entry.clone()]);
+                let b = &mut self.bodies[t as usize];
+                b.body.extend_from_slice(&v1[entry.clone()]);
+                b.has_metadata = true;
             }
         }
         Ok(())
@@ -1029,6 +1032,7 @@ mod tests {
             w.sample(1f64.to_bits(), 1000);
             w.finish(&mut out);
         }
+        let series_end = out.len();
         write_metadata(&mut out, 1, b"a", b"A.", b"");
         write_metadata(&mut out, 4, b"b", b"B.", b"");
         write_metadata(&mut out, 2, b"elsewhere", b"E.", b"");
@@ -1046,6 +1050,14 @@ mod tests {
                 ],
                 "round {round}"
             );
+            assert!(bodies.iter().all(|b| b.has_metadata));
+            // Without metadata in the request, no body says it has some.
+            let bodies = split
+                .split(&out[..series_end], &opts(Some(b"anon"), false, 10))
+                .unwrap();
+            assert_eq!(bodies.len(), 3);
+            assert!(bodies.iter().all(|b| !b.has_metadata));
+            assert!(families_by_tenant(bodies).iter().all(|(_, f)| f.is_empty()));
         }
         // Metadata in front of the series it describes goes to the same tenants.
         let mut first = Vec::new();

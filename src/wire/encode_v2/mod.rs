@@ -245,6 +245,28 @@ impl V2Encoder {
         memory: Option<&MetadataMemory>,
         out: &mut Vec<u8>,
     ) -> Result<V2Written, DecodeError> {
+        self.encode_inner(v1, memory, out, true)
+    }
+
+    /// [`V2Encoder::encode`] of a body its producer knows to hold no metadata entries
+    /// (the mapper wrote none): the pass that looks for them before the series, a
+    /// tenth of the encoder's time, is skipped. Series still get metadata from `memory`.
+    pub fn encode_metadata_free(
+        &mut self,
+        v1: &[u8],
+        memory: Option<&MetadataMemory>,
+        out: &mut Vec<u8>,
+    ) -> Result<V2Written, DecodeError> {
+        self.encode_inner(v1, memory, out, false)
+    }
+
+    fn encode_inner(
+        &mut self,
+        v1: &[u8],
+        memory: Option<&MetadataMemory>,
+        out: &mut Vec<u8>,
+        metadata_in_body: bool,
+    ) -> Result<V2Written, DecodeError> {
         out.clear();
         self.symbols.reset();
         self.series_len = 0;
@@ -255,7 +277,7 @@ impl V2Encoder {
         self.labels_seen.clear();
         self.previous.len = 0;
         // The request's metadata first: series look their family up in it.
-        let mut r = Reader::new(v1, 0, v1.len());
+        let mut r = Reader::new(v1, 0, if metadata_in_body { v1.len() } else { 0 });
         while !r.is_done() {
             // A series (key 0x0a) is read in the second pass: stepped over here without
             // the field dispatch.
@@ -636,14 +658,17 @@ impl V2Encoder {
     /// [`V2Encoder::encode`] with metadata shared across requests: what `memory` holds
     /// fills in families the request carries no metadata for, and what the request says
     /// that `memory` does not know yet is stored (under the write lock, only then).
+    /// `metadata_in_body`: false when `v1`'s producer knows it holds no metadata
+    /// entries (see [`V2Encoder::encode_metadata_free`]).
     pub fn encode_remembering(
         &mut self,
         v1: &[u8],
         memory: &std::sync::RwLock<MetadataMemory>,
         out: &mut Vec<u8>,
+        metadata_in_body: bool,
     ) -> Result<V2Written, DecodeError> {
         let known = memory.read().ok();
-        let written = self.encode(v1, known.as_deref(), out)?;
+        let written = self.encode_inner(v1, known.as_deref(), out, metadata_in_body)?;
         let news = known.as_deref().is_some_and(|m| self.metadata_news(v1, m));
         drop(known);
         if news && let Ok(mut m) = memory.write() {
@@ -945,6 +970,36 @@ mod tests {
         }
         write_metadata(&mut out, 1, b"requests", b"Requests.", b"");
         out
+    }
+
+    /// A body without metadata entries encodes the same with the look for them
+    /// skipped; series still get their family's metadata from the memory.
+    #[test]
+    fn a_metadata_free_body_encodes_the_same_without_the_look_for_metadata() {
+        let with_metadata = mapped(300);
+        let mut series_only = Vec::new();
+        let mut r = Reader::new(&with_metadata, 0, with_metadata.len());
+        while !r.is_done() {
+            let from = r.pos();
+            let (field, wire) = r.key().unwrap();
+            r.skip(wire).unwrap();
+            if field == 1 {
+                series_only.extend_from_slice(&with_metadata[from..r.pos()]);
+            }
+        }
+        let mut memory = MetadataMemory::default();
+        memory.store(b"requests", 1, b"Requests.", b"");
+        let (mut scanned, mut skipped) = (Vec::new(), Vec::new());
+        let mut enc = V2Encoder::new();
+        enc.encode(&series_only, Some(&memory), &mut scanned)
+            .unwrap();
+        enc.encode_metadata_free(&series_only, Some(&memory), &mut skipped)
+            .unwrap();
+        assert_eq!(scanned, skipped);
+        let request = v2::Request::decode(&skipped[..]).unwrap();
+        assert_eq!(request.timeseries.len(), 300);
+        let help = request.timeseries[0].metadata.as_ref().unwrap().help_ref;
+        assert_eq!(request.symbols[help as usize], "Requests.");
     }
 
     #[test]
