@@ -32,8 +32,9 @@ if [ ${#CASES_WANTED[@]} -eq 0 ]; then
 fi
 DURATION=${DURATION:-14}
 WARMUP=${WARMUP:-5}
-if ! [[ $DURATION =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ ]] || [ "$DURATION" -lt 8 ]; then
-  echo "DURATION (at least 8) and WARMUP are whole seconds" >&2
+if ! [[ $ROUNDS =~ ^[0-9]+$ && $DURATION =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ ]] ||
+  [ "$DURATION" -lt 8 ] || [ "$ROUNDS" -lt 1 ]; then
+  echo "usage: ROUNDS (at least 1) [CASE...]; DURATION (at least 8) and WARMUP whole seconds" >&2
   exit 2
 fi
 command -v perf >/dev/null || {
@@ -42,6 +43,8 @@ command -v perf >/dev/null || {
 }
 . bench/lib.sh
 export PROMNORM_BIN=$PROMNORM BENCH_BIN=$BENCH
+# The SUT's process name (the kernel keeps 15 characters of it).
+sut_comm=$(basename "$PROMNORM" | cut -c1-15)
 mkdir -p bench/results
 RESULTS=${RESULTS:-bench/results/profile-ratio-$(date -u +%Y-%m-%dT%H%M).jsonl}
 if [ -s "$RESULTS" ]; then
@@ -79,13 +82,14 @@ profile() { # case round -> "base kernel all", or "0 0 0" when nothing was sampl
   CASES=$name RESULTS=$work/runs.jsonl WARMUP=$WARMUP \
     bench/vs-vmagent.sh 1 "$DURATION" >"$work/$name.$round.log" 2>&1 &
   local runner=$! pid="" waited=0 p
-  # The SUT is the `promnorm` among this run's descendants (not any other promnorm on
-  # the machine); found before it is ready, sampled in the middle of the measured window.
+  # The SUT is the promnorm binary among this run's descendants (not any other promnorm
+  # on the machine); found before it is ready, sampled in the middle of the measured
+  # window.
   while [ -z "$pid" ] && [ $waited -lt 120 ]; do
     sleep 0.5
     waited=$((waited + 1))
     for p in $(descendants "$runner"); do
-      if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = promnorm ]; then
+      if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$sut_comm" ]; then
         pid=$p
         break
       fi
@@ -117,6 +121,11 @@ for ((round = 0; round < ROUNDS; round++)); do
       }' | tee -a "$RESULTS"
   done
 done
+
+if [ ! -s "$RESULTS" ]; then
+  echo "no run was profiled (see the harness's output above)" >&2
+  exit 1
+fi
 
 # Medians per case.
 awk -F'[:,]' '

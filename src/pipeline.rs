@@ -299,20 +299,7 @@ impl Pipeline {
     /// many idle), keeps only its name caches (its buffers are freed), and is freed
     /// whole when even that does not fit: idle workspaces never pin more than the
     /// memory bound's share, and a sender of large batches keeps its warm caches.
-    pub fn return_workspace(&self, mut ws: Box<Workspace>) {
-        if let Some(counters) = &self.counters {
-            ws.mapper.forget_stale_counters(counters);
-            // Snapshots go stale in idle workspaces too (the pool is last in, first out:
-            // the bottom ones may idle for hours): once per change, all of them.
-            let version = counters.version();
-            if self.counters_checked.swap(version, Ordering::AcqRel) != version
-                && let Ok(mut p) = self.pool.lock()
-            {
-                for (idle, _) in &mut p.idle {
-                    idle.mapper.forget_stale_counters(counters);
-                }
-            }
-        }
+    pub fn return_workspace(&self, ws: Box<Workspace>) {
         let bytes = ws.held_bytes();
         let Err(mut ws) = self.pool_if_room(ws, bytes) else {
             return;
@@ -325,19 +312,39 @@ impl Pipeline {
 
     /// Pools `ws`, which holds `bytes`, unless the pool has no room for it: then gives
     /// it back (when the pool is full in count or poisoned, it is dropped).
-    fn pool_if_room(&self, ws: Box<Workspace>, bytes: usize) -> Result<(), Box<Workspace>> {
-        let Ok(mut p) = self.pool.lock() else {
-            return Ok(());
-        };
-        if p.idle.len() >= MAX_IDLE_WORKSPACES {
-            return Ok(());
+    fn pool_if_room(&self, mut ws: Box<Workspace>, bytes: usize) -> Result<(), Box<Workspace>> {
+        // Stale learnt-counters snapshots, freed after the lock (the last copy of a
+        // large set is many frees).
+        let mut stale = Vec::new();
+        {
+            let Ok(mut p) = self.pool.lock() else {
+                return Ok(());
+            };
+            if p.idle.len() >= MAX_IDLE_WORKSPACES {
+                return Ok(());
+            }
+            let room = self.limits.pool_bytes.saturating_sub(p.bytes);
+            if bytes > room.min(WORKSPACE_RETAIN_BYTES) {
+                return Err(ws);
+            }
+            if let Some(counters) = &self.counters {
+                // Under the lock, with the sweep: a set changed after this workspace's
+                // check is caught by the learner's own return (it comes back after its
+                // change), which sweeps the pool this workspace is in by then.
+                stale.extend(ws.mapper.take_stale_counters(counters));
+                // Snapshots go stale in idle workspaces too (the pool is last in, first
+                // out: the bottom ones may idle for hours): once per change, all of them.
+                let version = counters.version();
+                if self.counters_checked.swap(version, Ordering::AcqRel) != version {
+                    for (idle, _) in &mut p.idle {
+                        stale.extend(idle.mapper.take_stale_counters(counters));
+                    }
+                }
+            }
+            p.bytes += bytes;
+            p.idle.push((ws, bytes));
         }
-        let room = self.limits.pool_bytes.saturating_sub(p.bytes);
-        if bytes > room.min(WORKSPACE_RETAIN_BYTES) {
-            return Err(ws);
-        }
-        p.bytes += bytes;
-        p.idle.push((ws, bytes));
+        drop(stale);
         Ok(())
     }
 

@@ -77,19 +77,21 @@ impl Mapper {
         }
     }
 
-    /// Drops a snapshot of the learnt counter families that is no longer the current
+    /// Takes out a snapshot of the learnt counter families that is no longer the current
     /// one, before the mapper idles in the pool: each snapshot taken after a change is a
     /// copy of up to [`CounterFamilies::BYTES`], and idle mappers holding old ones would
-    /// pin one each, counted nowhere. The next request takes the current one.
-    pub fn forget_stale_counters(&mut self, cf: &CounterFamilies) {
-        if cf.version.load(Ordering::Acquire) != self.counters_version
-            && !self.counters_seen.is_empty()
+    /// pin one each, counted nowhere. The next request takes the current one. The
+    /// caller drops what it returns (outside any lock).
+    pub fn take_stale_counters(&mut self, cf: &CounterFamilies) -> Option<Arc<AHashSet<Box<str>>>> {
+        if cf.version.load(Ordering::Acquire) == self.counters_version
+            || self.counters_seen.is_empty()
         {
-            self.counters_seen = Arc::default();
-            // Never a current version: the next refresh takes a snapshot (and clears the
-            // names resolved with the old one).
-            self.counters_version = u64::MAX;
+            return None;
         }
+        // Never a current version: the next refresh takes a snapshot (and clears the
+        // names resolved with the old one).
+        self.counters_version = u64::MAX;
+        Some(std::mem::take(&mut self.counters_seen))
     }
 
     /// The version of the learnt-counters snapshot it holds; `None`: none (empty).
@@ -273,11 +275,11 @@ mod tests {
         m.refresh_counters(&cf);
         assert!(m.total_fix("vllm:old_requests").is_some());
         // Current: kept (no copy to take again).
-        m.forget_stale_counters(&cf);
+        assert!(m.take_stale_counters(&cf).is_none());
         assert_eq!(Arc::strong_count(&m.counters_seen), 2);
         cf.learn(&mut vec!["vllm:new_requests".into()]);
         let old = Arc::downgrade(&m.counters_seen);
-        m.forget_stale_counters(&cf);
+        drop(m.take_stale_counters(&cf));
         assert!(old.upgrade().is_none(), "the old copy is freed");
         assert!(
             m.total_fix("vllm:new_requests").is_none(),
