@@ -2,7 +2,6 @@
 //! snappy decode → protobuf view → map → derive → encode → snappy encode, on reusable
 //! buffers. Derived samples leave through the deriver's queues, not this request.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
@@ -214,9 +213,6 @@ pub struct Pipeline {
     metadata_memory: RwLock<MetadataMemory>,
     limits: PipelineLimits,
     pool: Mutex<Pool>,
-    /// The learnt counter families' version when the idle workspaces' snapshots were
-    /// last checked (see [`Pipeline::return_workspace`]).
-    counters_checked: AtomicU64,
 }
 
 /// Idle workspaces, and what they hold all together.
@@ -225,6 +221,9 @@ struct Pool {
     /// Each with its [`Workspace::held_bytes`] when it was given back.
     idle: Vec<(Box<Workspace>, usize)>,
     bytes: usize,
+    /// The learnt counter families' version when the idle workspaces' snapshots were
+    /// last checked (see [`Pipeline::pool_if_room`]).
+    counters_checked: u64,
 }
 
 impl Pipeline {
@@ -236,7 +235,6 @@ impl Pipeline {
             metadata_memory: RwLock::new(MetadataMemory::default()),
             limits,
             pool: Mutex::new(Pool::default()),
-            counters_checked: AtomicU64::new(0),
         }
     }
 
@@ -335,7 +333,8 @@ impl Pipeline {
                 // Snapshots go stale in idle workspaces too (the pool is last in, first
                 // out: the bottom ones may idle for hours): once per change, all of them.
                 let version = counters.version();
-                if self.counters_checked.swap(version, Ordering::AcqRel) != version {
+                if p.counters_checked != version {
+                    p.counters_checked = version;
                     for (idle, _) in &mut p.idle {
                         stale.extend(idle.mapper.take_stale_counters(counters));
                     }

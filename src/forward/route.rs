@@ -450,7 +450,6 @@ impl Routing {
     }
 }
 
-/// One body in the protocols its sinks need.
 /// A body to encode, and whether it may hold metadata entries.
 #[derive(Clone, Copy)]
 struct Body<'a> {
@@ -458,6 +457,7 @@ struct Body<'a> {
     metadata_in_body: bool,
 }
 
+/// One body in the protocols its sinks need.
 fn encode(
     bodies: &mut BodyEncoder,
     body: Body<'_>,
