@@ -242,9 +242,7 @@ impl Deriver {
         }
         for _ in 0..MAX_EVICTIONS_PER_SERIES {
             let full = self.series_count.load(Ordering::Relaxed) >= self.max_series;
-            let no_bytes = self.label_bytes.load(Ordering::Relaxed) + len > self.max_label_bytes;
-            if !full && !no_bytes {
-                self.label_bytes.fetch_add(len, Ordering::Relaxed);
+            if !full && self.take_label_bytes(len) {
                 return true;
             }
             // An eviction, or (nothing of this shard to evict) a refusal rather than
@@ -261,6 +259,28 @@ impl Deriver {
         }
         self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
         false
+    }
+
+    /// Takes `len` bytes of the label-byte budget when they fit, in one atomic step:
+    /// workers of different shards checking and adding apart could each see room for
+    /// their label set and together go past the bound.
+    fn take_label_bytes(&self, len: usize) -> bool {
+        self.label_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(len).filter(|&n| n <= self.max_label_bytes)
+            })
+            .is_ok()
+    }
+
+    /// Adds `grown - shrunk` to the bytes held.
+    fn adjust_label_bytes(&self, grown: usize, shrunk: usize) {
+        if grown > shrunk {
+            self.label_bytes
+                .fetch_add(grown - shrunk, Ordering::Relaxed);
+        } else {
+            self.label_bytes
+                .fetch_sub(shrunk - grown, Ordering::Relaxed);
+        }
     }
 
     fn now_s(&self) -> u32 {
@@ -371,6 +391,9 @@ impl Deriver {
         let shard = &mut *guard;
         let group = shard.rank_sums.get(key);
         let new_group = group.is_none();
+        // Bytes taken below for a rank not kept yet; what the group holds after the
+        // samples is set against them.
+        let mut rank_taken = 0;
         if !group.is_some_and(|g| g.has_rank(rank)) {
             // A rank that brings no value keeps nothing (its stale marker may still end
             // the sum of the ranks kept).
@@ -398,7 +421,7 @@ impl Deriver {
                 && (key.len() > MAX_LABEL_SET_BYTES
                     || rank.len() > MAX_RANK_BYTES
                     || group.is_some_and(|g| g.rank_count() >= MAX_RANKS)
-                    || self.label_bytes.load(Ordering::Relaxed) + need > self.max_label_bytes)
+                    || !self.take_label_bytes(need))
             {
                 self.counters.label_bytes.fetch_add(1, Ordering::Relaxed);
                 let last = t
@@ -410,9 +433,15 @@ impl Deriver {
                 self.end_rank_sum(shard, key, last);
                 return;
             }
+            // A new group returned above unless it brings a value: its label set's
+            // bytes are in `need`.
+            rank_taken = if brings_value {
+                RankSumState::cost(rank)
+            } else {
+                0
+            };
         }
         if new_group {
-            self.label_bytes.fetch_add(key.len(), Ordering::Relaxed);
             shard
                 .rank_sums
                 .insert(Arc::from(key), Box::new(RankSumState::new(now_s)));
@@ -433,14 +462,7 @@ impl Deriver {
                 self.enqueue(&mut shard.queue, &labels, RANK_SUM, ts, bits);
             }
         }
-        let after = state.bytes();
-        if after > before {
-            self.label_bytes
-                .fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            self.label_bytes
-                .fetch_sub(before - after, Ordering::Relaxed);
-        }
+        self.adjust_label_bytes(state.bytes(), before + rank_taken);
         if gone > 0 {
             self.counters
                 .ranks_gone
@@ -627,5 +649,41 @@ fn derived_key<'a>(
     }
     if !name_written {
         write_series_label(out, b"__name__", name.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Workers taking label bytes at once never take more than the budget together, and
+    /// take all of it that fits.
+    #[test]
+    fn label_bytes_taken_at_once_stay_within_the_budget() {
+        let d = Deriver::new(&DeriveSettings {
+            max_series: 64,
+            ..DeriveSettings::default()
+        });
+        const LEN: usize = 100;
+        let taken: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut n = 0;
+                        while d.take_label_bytes(LEN) {
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(taken * LEN, d.label_bytes());
+        assert_eq!(taken, d.max_label_bytes / LEN, "as many as fit, no more");
+        d.adjust_label_bytes(10, 10 + LEN);
+        assert_eq!(d.label_bytes(), (taken - 1) * LEN);
+        d.adjust_label_bytes(LEN + 1, 1);
+        assert_eq!(d.label_bytes(), taken * LEN);
     }
 }
