@@ -281,7 +281,13 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
                 let mut bytes = 0;
                 for t in split.split(&ws.encoded, &by_instance).expect("splits") {
                     let out = tenant_bodies
-                        .encode(&t.body, false, None, V2Output::No, t.has_metadata)
+                        .encode(
+                            t.bytes(&ws.encoded),
+                            false,
+                            None,
+                            V2Output::No,
+                            t.has_metadata,
+                        )
                         .expect("encodes");
                     bytes += out.v1.len();
                 }

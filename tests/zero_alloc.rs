@@ -405,7 +405,13 @@ fn zero_alloc_tenant_split() {
             // does before it hands the bodies to the backends).
             for t in out {
                 let b = bodies_enc
-                    .encode(&t.body, false, None, V2Output::Yes(None), t.has_metadata)
+                    .encode(
+                        t.bytes(&ws.encoded),
+                        false,
+                        None,
+                        V2Output::Yes(None),
+                        t.has_metadata,
+                    )
                     .expect("encodes");
                 assert!(!b.v1.is_empty() && b.v2.is_some_and(|(v2, n)| !v2.is_empty() && n > 0));
             }

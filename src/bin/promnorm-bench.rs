@@ -539,7 +539,7 @@ fn split_and_encode(
             Proto::V2 => (Some(&[][..]), V2Output::Yes(None)),
         };
         input.bodies.encode(
-            &tb.body,
+            tb.bytes(input.mapped),
             input.has_start_timestamps,
             v1_done,
             v2,

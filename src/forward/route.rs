@@ -312,7 +312,7 @@ impl Routing {
         let needs_v1 = members.iter().any(|&i| take(i) && sinks[i].needs_v1());
         for tb in tenants {
             let body = Body {
-                bytes: &tb.body,
+                bytes: tb.bytes(body),
                 metadata_in_body: tb.has_metadata,
             };
             let mut payload = encode(bodies, body, mapped, None, needs_v1, wants_v2, tb.samples)?;

@@ -147,8 +147,12 @@ pub struct Orphans<'a> {
 pub struct TenantBody {
     tenant: Vec<u8>,
     has_tenant: bool,
-    /// The tenant's encoded `WriteRequest`.
-    pub body: Vec<u8>,
+    /// The tenant's encoded `WriteRequest`, when it is not `borrowed`.
+    own: Vec<u8>,
+    /// The tenant's body is this one piece of the split's input (a request of one tenant,
+    /// its series as they are: most requests of a sender that serves one tenant), not
+    /// copied. `own` is empty then.
+    borrowed: Option<(u32, u32)>,
     pub series: usize,
     /// Float samples and histograms in `body`.
     pub samples: u64,
@@ -160,6 +164,33 @@ impl TenantBody {
     /// The tenant's name; `None` for series without the label and no default.
     pub fn tenant(&self) -> Option<&[u8]> {
         self.has_tenant.then_some(&self.tenant[..])
+    }
+
+    /// The tenant's encoded `WriteRequest`; `input` is the body the split was given.
+    pub fn bytes<'a>(&'a self, input: &'a [u8]) -> &'a [u8] {
+        match self.borrowed {
+            Some((start, end)) => &input[start as usize..end as usize],
+            None => &self.own,
+        }
+    }
+
+    /// Appends `input[start..end]`: borrowed when it is all the body holds.
+    fn append_piece(&mut self, input: &[u8], start: usize, end: usize) {
+        match (u32::try_from(start), u32::try_from(end)) {
+            (Ok(s), Ok(e)) if self.own.is_empty() && self.borrowed.is_none() => {
+                self.borrowed = Some((s, e));
+            }
+            _ => self.own_bytes(input).extend_from_slice(&input[start..end]),
+        }
+    }
+
+    /// The body as bytes of its own, to append to: a borrowed piece is copied first.
+    fn own_bytes(&mut self, input: &[u8]) -> &mut Vec<u8> {
+        if let Some((start, end)) = self.borrowed.take() {
+            self.own
+                .extend_from_slice(&input[start as usize..end as usize]);
+        }
+        &mut self.own
     }
 }
 
@@ -258,7 +289,8 @@ impl TenantSplit {
         self.used += 1;
         let b = &mut self.bodies[i];
         b.tenant.clear();
-        b.body.clear();
+        b.own.clear();
+        b.borrowed = None;
         b.series = 0;
         b.samples = 0;
         b.has_metadata = false;
@@ -277,7 +309,7 @@ impl TenantSplit {
         use super::held;
         self.bodies
             .iter()
-            .map(|b| b.body.capacity() + b.tenant.capacity())
+            .map(|b| b.own.capacity() + b.tenant.capacity())
             .sum::<usize>()
             + held(&self.bodies)
             + self.index.capacity() * 16
@@ -437,7 +469,7 @@ impl TenantSplit {
                     continue;
                 }
                 Some((b, start, end)) => {
-                    self.bodies[b].body.extend_from_slice(&v1[start..end]);
+                    self.bodies[b].append_piece(v1, start, end);
                     run = None;
                 }
                 None => {}
@@ -446,7 +478,7 @@ impl TenantSplit {
                 run = Some((i, from, e));
                 continue;
             }
-            let body = &mut self.bodies[i].body;
+            let body = self.bodies[i].own_bytes(v1);
             match label_at {
                 Some((a, b)) if !opts.keep_label => {
                     self.series_buf.clear();
@@ -458,7 +490,7 @@ impl TenantSplit {
             }
         }
         if let Some((b, start, end)) = run {
-            self.bodies[b].body.extend_from_slice(&v1[start..end]);
+            self.bodies[b].append_piece(v1, start, end);
         }
         self.seen.sort_unstable_by_key(|s| (s.0, s.1));
         self.seen.dedup_by_key(|s| (s.0, s.1));
@@ -578,7 +610,7 @@ impl TenantSplit {
                     copies_left -= entry.len();
                 }
                 let b = &mut self.bodies[t as usize];
-                b.body.extend_from_slice(&v1[entry.clone()]);
+                b.own_bytes(v1).extend_from_slice(&v1[entry.clone()]);
                 b.has_metadata = true;
             }
         }
@@ -845,7 +877,7 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(bodies.len(), order.len(), "round {}", round);
                 for b in bodies {
-                    let (t, req) = decoded(b);
+                    let (t, req) = decoded(b, &body);
                     proptest::prop_assert_eq!(b.samples, req.timeseries.len() as u64);
                     for ts in req.timeseries {
                         let l = ts.labels.into_iter().map(|l| (l.name, l.value)).collect();
@@ -887,18 +919,21 @@ mod tests {
         }
     }
 
-    fn decoded(b: &TenantBody) -> (Option<String>, pb::WriteRequest) {
+    fn decoded(b: &TenantBody, input: &[u8]) -> (Option<String>, pb::WriteRequest) {
         (
             b.tenant().map(|t| String::from_utf8(t.to_vec()).unwrap()),
-            pb::WriteRequest::decode(b.body.as_slice()).unwrap(),
+            pb::WriteRequest::decode(b.bytes(input)).unwrap(),
         )
     }
 
     /// Each body's tenant and the metadata families it holds, sorted.
-    fn families_by_tenant(bodies: &[TenantBody]) -> Vec<(Option<String>, Vec<String>)> {
+    fn families_by_tenant(
+        bodies: &[TenantBody],
+        input: &[u8],
+    ) -> Vec<(Option<String>, Vec<String>)> {
         bodies
             .iter()
-            .map(decoded)
+            .map(|b| decoded(b, input))
             .map(|(t, r)| {
                 let mut f: Vec<String> = r
                     .metadata
@@ -979,7 +1014,7 @@ mod tests {
             let mut split = TenantSplit::new();
             let bodies = split.split(&body, &opts(None, false, 10)).unwrap();
             assert_eq!(bodies.len(), 1, "{tenant}");
-            let (t, req) = decoded(&bodies[0]);
+            let (t, req) = decoded(&bodies[0], &body);
             assert_eq!(t.as_deref(), Some(tenant));
             assert_eq!(bodies[0].samples, 1);
             let names: Vec<_> = req.timeseries[0]
@@ -999,7 +1034,8 @@ mod tests {
             let bodies = split
                 .split(&body, &opts(Some(b"anonymous"), false, 10))
                 .unwrap();
-            let got: Vec<(Option<String>, pb::WriteRequest)> = bodies.iter().map(decoded).collect();
+            let got: Vec<(Option<String>, pb::WriteRequest)> =
+                bodies.iter().map(|b| decoded(b, &body)).collect();
             let names: Vec<Option<&str>> = got.iter().map(|(t, _)| t.as_deref()).collect();
             assert_eq!(
                 names,
@@ -1039,7 +1075,7 @@ mod tests {
         let mut split = TenantSplit::new();
         for round in 0..2 {
             let bodies = split.split(&out, &opts(Some(b"anon"), false, 10)).unwrap();
-            let got = families_by_tenant(bodies);
+            let got = families_by_tenant(bodies, &out);
             assert_eq!(
                 got,
                 [
@@ -1057,7 +1093,11 @@ mod tests {
                 .unwrap();
             assert_eq!(bodies.len(), 3);
             assert!(bodies.iter().all(|b| !b.has_metadata));
-            assert!(families_by_tenant(bodies).iter().all(|(_, f)| f.is_empty()));
+            assert!(
+                families_by_tenant(bodies, &out[..series_end])
+                    .iter()
+                    .all(|(_, f)| f.is_empty())
+            );
         }
         // Metadata in front of the series it describes goes to the same tenants.
         let mut first = Vec::new();
@@ -1070,7 +1110,7 @@ mod tests {
             .split(&first, &opts(Some(b"anon"), false, 10))
             .unwrap();
         assert_eq!(
-            families_by_tenant(bodies),
+            families_by_tenant(bodies, &first),
             [
                 (Some("x".into()), vec!["a".to_string()]),
                 (Some("y".into()), vec!["b".to_string()]),
@@ -1084,7 +1124,7 @@ mod tests {
         write_metadata(&mut only, 1, b"a", b"A.", b"");
         let bodies = split.split(&only, &opts(None, false, 10)).unwrap();
         assert_eq!(bodies.len(), 1);
-        let (t, r) = decoded(&bodies[0]);
+        let (t, r) = decoded(&bodies[0], &only);
         assert_eq!((t, r.metadata.len(), r.timeseries.len()), (None, 1, 0));
     }
 
@@ -1107,10 +1147,10 @@ mod tests {
         let mut split = TenantSplit::new();
         let bodies = split.split(&out, &opts(None, false, 1000)).unwrap();
         assert_eq!(bodies.len(), 1000);
-        let total: usize = bodies.iter().map(|b| b.body.len()).sum();
+        let total: usize = bodies.iter().map(|b| b.bytes(&out).len()).sum();
         let with_metadata = bodies
             .iter()
-            .filter(|b| decoded(b).1.metadata.len() == 1)
+            .filter(|b| decoded(b, &out).1.metadata.len() == 1)
             .count();
         assert!(
             total <= out.len() * 2 + METADATA_COPY_FLOOR,
@@ -1122,16 +1162,76 @@ mod tests {
         assert!(with_metadata >= 2, "copies up to the bound still go out");
     }
 
+    /// A request whose series all go to one tenant as they are is that tenant's body,
+    /// not a copy of it; a second piece or metadata for that tenant makes it a copy
+    /// with the piece appended.
+    #[test]
+    fn one_tenant_s_series_as_they_are_are_borrowed_not_copied() {
+        let series_only = |tenants: &[Option<&str>]| {
+            let body = request(tenants);
+            let mut out = Vec::new();
+            let mut r = crate::wire::pb::Reader::new(&body, 0, body.len());
+            while !r.is_done() {
+                let from = r.pos();
+                let (field, wire) = r.key().unwrap();
+                r.skip(wire).unwrap();
+                if field == 1 {
+                    out.extend_from_slice(&body[from..r.pos()]);
+                }
+            }
+            out
+        };
+        let mut split = TenantSplit::new();
+        let one = series_only(&[Some("a"), Some("a"), Some("a")]);
+        let bodies = split.split(&one, &opts(None, true, 10)).unwrap();
+        assert_eq!(bodies.len(), 1);
+        let bytes = bodies[0].bytes(&one);
+        assert_eq!(bytes, &one[..]);
+        assert_eq!(bytes.as_ptr(), one.as_ptr(), "the input itself");
+        assert_eq!(decoded(&bodies[0], &one).1.timeseries.len(), 3);
+        let held = split.retained_bytes();
+        // a, b, a: tenant a's two pieces are copied into one body.
+        let two = series_only(&[Some("a"), Some("b"), Some("a")]);
+        let bodies = split.split(&two, &opts(None, true, 10)).unwrap();
+        let got: Vec<_> = bodies.iter().map(|b| decoded(b, &two)).collect();
+        let labels = |r: &pb::WriteRequest| -> Vec<String> {
+            r.timeseries
+                .iter()
+                .map(|ts| ts.labels[1].value.clone())
+                .collect()
+        };
+        assert_eq!(got[0].0.as_deref(), Some("a"));
+        assert_eq!(labels(&got[0].1), ["0", "2"]);
+        assert_eq!(labels(&got[1].1), ["1"]);
+        let in_input = |b: &TenantBody| two.as_ptr_range().contains(&b.bytes(&two).as_ptr());
+        assert!(in_input(&bodies[1]), "b's one piece borrowed");
+        assert!(!in_input(&bodies[0]), "a's two pieces copied");
+        assert!(
+            split.retained_bytes() > held,
+            "a's body has bytes of its own"
+        );
+        // One tenant with metadata: its series, then the metadata.
+        let with_metadata = request(&[Some("a"), Some("a")]);
+        let bodies = split.split(&with_metadata, &opts(None, true, 10)).unwrap();
+        assert_eq!(bodies.len(), 1);
+        let (_, r) = decoded(&bodies[0], &with_metadata);
+        assert_eq!((r.timeseries.len(), r.metadata.len()), (2, 1));
+        assert!(bodies[0].has_metadata);
+        // A body of the same split again starts empty, whatever it held before.
+        let bodies = split.split(&one, &opts(None, true, 10)).unwrap();
+        assert_eq!(bodies[0].bytes(&one).as_ptr(), one.as_ptr());
+    }
+
     #[test]
     fn no_default_keeps_label_and_limits_tenants() {
         let body = request(&[Some("a"), None]);
         let mut split = TenantSplit::new();
         let bodies = split.split(&body, &opts(None, true, 10)).unwrap();
-        let (t0, r0) = decoded(&bodies[0]);
+        let (t0, r0) = decoded(&bodies[0], &body);
         assert_eq!(t0.as_deref(), Some("a"));
         assert!(r0.timeseries[0].labels.iter().any(|l| l.name == "tenant"));
         assert_eq!(
-            decoded(&bodies[1]).0,
+            decoded(&bodies[1], &body).0,
             None,
             "unlabelled series keep the sender's tenant"
         );
@@ -1203,10 +1303,11 @@ mod tests {
             untenanted_ok: true,
             ..strict
         };
+        let input = meta(&["up"]);
         let bodies = split
-            .split_routed(&meta(&["up"]), &opts(None, false, 10), &lenient)
+            .split_routed(&input, &opts(None, false, 10), &lenient)
             .unwrap();
-        assert_eq!(families(bodies), [(None, vec!["up".to_string()])]);
+        assert_eq!(families(bodies, &input), [(None, vec!["up".to_string()])]);
         assert_eq!(split.metadata_dropped(), 0);
         // Series teach the memory (`up` at a, b and without a tenant).
         let series = request(&[Some("a"), Some("b"), None]);
@@ -1223,10 +1324,11 @@ mod tests {
         split
             .split_routed(&no_meta, &opts(None, false, 10), &strict)
             .unwrap();
+        let input = meta(&["up", "x"]);
         let bodies = split
-            .split_routed(&meta(&["up", "x"]), &opts(None, false, 10), &strict)
+            .split_routed(&input, &opts(None, false, 10), &strict)
             .unwrap();
-        let mut got = families(bodies);
+        let mut got = families(bodies, &input);
         got.sort();
         assert_eq!(
             got,
@@ -1242,11 +1344,12 @@ mod tests {
             .unwrap();
         assert_eq!(bodies.len(), 3, "a, b and the sender's tenant");
         // A default takes what nothing else does.
+        let input = meta(&["x"]);
         let bodies = split
-            .split_routed(&meta(&["x"]), &opts(Some(b"anon"), false, 10), &strict)
+            .split_routed(&input, &opts(Some(b"anon"), false, 10), &strict)
             .unwrap();
         assert_eq!(
-            families(bodies),
+            families(bodies, &input),
             [(Some("anon".into()), vec!["x".to_string()])]
         );
     }
