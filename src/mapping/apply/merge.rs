@@ -77,16 +77,23 @@ impl Mapper {
         self.sort_keys = keys;
     }
 
+    /// The merge index's key of the label set in `work` (in its output order: the same
+    /// for equal sets). Each label is hashed on its own and the hashes folded together:
+    /// one hasher through every label made one chain of dependent multiplies, a quarter
+    /// of the mapper's time; the labels' chains now overlap.
     pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
-        let mut h = self.hasher.build_hasher();
+        let mut key = self.work.len() as u64;
         for l in &self.work {
             let (name, value) = (self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
+            let mut h = self.hasher.build_hasher();
             // Both lengths in one word keep `a="bc"` and `ab="c"` apart.
             h.write_u64(((name.len() as u64) << 32) | value.len() as u64);
             h.write(name);
             h.write(value);
+            // Rotated by position: the same labels at other places give another key.
+            key = key.rotate_left(23) ^ h.finish();
         }
-        h.finish()
+        key
     }
 
     pub(super) fn same_labels(&self, buf: &[u8], o: &OutSeries) -> bool {
