@@ -25,8 +25,14 @@ pub struct MapStats {
     /// Samples of renamed old names, per cut-over tracking slot, one entry per run of
     /// series of one slot ([`crate::mapping::renames`]).
     pub renames: Vec<(u32, u64)>,
-    /// (slot, series, samples) per run of series of one plan (`Rules::families`).
+    /// (slot, series, samples) per plan of the request's series (`Rules::families`),
+    /// one entry per slot: a request's targets each repeat every family, and each entry
+    /// costs three atomic additions when the request is recorded.
     pub families: Vec<(u32, u64, u64)>,
+    /// Per slot: its entry in `families` + 1 (0: none yet this request).
+    family_at: Vec<u32>,
+    /// The entry of the last series noted (series of one family come in runs).
+    last_family: usize,
 }
 
 impl MapStats {
@@ -40,6 +46,7 @@ impl MapStats {
             + held(&self.native_rebucketed)
             + held(&self.renames)
             + held(&self.families)
+            + held(&self.family_at)
     }
 
     pub(super) fn reset(&mut self, reasons: usize, packs: usize) {
@@ -60,16 +67,39 @@ impl MapStats {
         self.histograms_out = 0;
         self.metadata_out = 0;
         self.renames.clear();
+        for &(slot, _, _) in &self.families {
+            if let Some(at) = self.family_at.get_mut(slot as usize) {
+                *at = 0;
+            }
+        }
         self.families.clear();
     }
 
     pub(super) fn note_family(&mut self, slot: u32, samples: u64) {
-        match self.families.last_mut() {
-            Some((last, series, n)) if *last == slot => {
+        if let Some((last, series, n)) = self.families.get_mut(self.last_family)
+            && *last == slot
+        {
+            *series += 1;
+            *n += samples;
+            return;
+        }
+        let s = slot as usize;
+        if s >= self.family_at.len() {
+            // Slots are bounded (`renames::RENAME_SLOTS` and a few more).
+            self.family_at.resize(s + 1, 0);
+        }
+        match self.family_at[s] {
+            0 => {
+                self.last_family = self.families.len();
+                self.families.push((slot, 1, samples));
+                self.family_at[s] = self.families.len() as u32;
+            }
+            at => {
+                self.last_family = at as usize - 1;
+                let (_, series, n) = &mut self.families[self.last_family];
                 *series += 1;
                 *n += samples;
             }
-            _ => self.families.push((slot, 1, samples)),
         }
     }
 
@@ -82,5 +112,27 @@ impl MapStats {
 
     pub fn dropped_total(&self) -> u64 {
         self.dropped.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A family's series count in one entry wherever they come in the request, and a
+    /// new request starts from none.
+    #[test]
+    fn a_family_s_series_add_up_in_one_entry_per_request() {
+        let mut s = MapStats::default();
+        s.reset(1, 1);
+        for (slot, samples) in [(7, 1), (7, 2), (3, 1), (7, 4), (4160, 1), (3, 5)] {
+            s.note_family(slot, samples);
+        }
+        assert_eq!(s.families, [(7, 3, 7), (3, 2, 6), (4160, 1, 1)]);
+        s.reset(1, 1);
+        assert!(s.families.is_empty());
+        s.note_family(3, 1);
+        s.note_family(7, 1);
+        assert_eq!(s.families, [(3, 1, 1), (7, 1, 1)]);
     }
 }
