@@ -893,6 +893,21 @@ mod tests {
         }
     }
 
+    /// `body`'s series fields alone (its metadata left out).
+    fn series_of(body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut r = crate::wire::pb::Reader::new(body, 0, body.len());
+        while !r.is_done() {
+            let from = r.pos();
+            let (field, wire) = r.key().unwrap();
+            r.skip(wire).unwrap();
+            if field == 1 {
+                out.extend_from_slice(&body[from..r.pos()]);
+            }
+        }
+        out
+    }
+
     fn request(tenants: &[Option<&str>]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut scratch = Vec::new();
@@ -1167,20 +1182,7 @@ mod tests {
     /// with the piece appended.
     #[test]
     fn one_tenant_s_series_as_they_are_are_borrowed_not_copied() {
-        let series_only = |tenants: &[Option<&str>]| {
-            let body = request(tenants);
-            let mut out = Vec::new();
-            let mut r = crate::wire::pb::Reader::new(&body, 0, body.len());
-            while !r.is_done() {
-                let from = r.pos();
-                let (field, wire) = r.key().unwrap();
-                r.skip(wire).unwrap();
-                if field == 1 {
-                    out.extend_from_slice(&body[from..r.pos()]);
-                }
-            }
-            out
-        };
+        let series_only = |tenants: &[Option<&str>]| series_of(&request(tenants));
         let mut split = TenantSplit::new();
         let one = series_only(&[Some("a"), Some("a"), Some("a")]);
         let bodies = split.split(&one, &opts(None, true, 10)).unwrap();
@@ -1310,17 +1312,7 @@ mod tests {
         assert_eq!(families(bodies, &input), [(None, vec!["up".to_string()])]);
         assert_eq!(split.metadata_dropped(), 0);
         // Series teach the memory (`up` at a, b and without a tenant).
-        let series = request(&[Some("a"), Some("b"), None]);
-        let mut no_meta = Vec::new();
-        let mut r = crate::wire::pb::Reader::new(&series, 0, series.len());
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key().unwrap();
-            r.skip(wire).unwrap();
-            if field == 1 {
-                no_meta.extend_from_slice(&series[from..r.pos()]);
-            }
-        }
+        let no_meta = series_of(&request(&[Some("a"), Some("b"), None]));
         split
             .split_routed(&no_meta, &opts(None, false, 10), &strict)
             .unwrap();
