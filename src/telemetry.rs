@@ -807,12 +807,12 @@ pub fn record_map_stats(rules: &Rules, counters: &MapMetrics, stats: &MapStats) 
             .unwrap_or(0);
         rules.renames().record(&stats.renames, now_ms);
     }
-    if !stats.families.is_empty() {
+    if !stats.families().is_empty() {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        rules.families().record_families(&stats.families, now_ms);
+        rules.families().record_families(stats.families(), now_ms);
     }
 }
 

@@ -311,11 +311,19 @@ impl Routing {
         let wants_v2 = members.iter().any(|&i| take(i) && sinks[i].wants_v2());
         let needs_v1 = members.iter().any(|&i| take(i) && sinks[i].needs_v1());
         for tb in tenants {
-            let body = Body {
+            let tenant_body = Body {
                 bytes: tb.bytes(body),
                 metadata_in_body: tb.has_metadata,
             };
-            let mut payload = encode(bodies, body, mapped, None, needs_v1, wants_v2, tb.samples)?;
+            let mut payload = encode(
+                bodies,
+                tenant_body,
+                mapped,
+                None,
+                needs_v1,
+                wants_v2,
+                tb.samples,
+            )?;
             let (tenant, refused) = match tb.tenant() {
                 None => (None, None),
                 Some(t) => {

@@ -7,8 +7,8 @@
 //! request, so the hot path pays nothing per sample.
 //!
 //! The same tracker, a second instance in `Rules::families`, counts every plan (family):
-//! one slot per (first pack, input name) with a plan, series and samples per run of
-//! series, for the per-rule counters of the web UI's `/rules`.
+//! one slot per (first pack, input name) with a plan, series and samples per request,
+//! for the per-rule counters of the web UI's `/rules`.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -30,7 +30,7 @@ const OTHER_SLOTS: usize = 64;
 
 #[derive(Default)]
 struct Counters {
-    /// Series (per request, per run of series of one slot); renames leave it at 0.
+    /// Series (added once per request and slot); renames leave it at 0.
     series: AtomicU64,
     samples: AtomicU64,
     /// Unix milliseconds; 0: never. Kept to the second (see [`Counters::seen_at`]).

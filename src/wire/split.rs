@@ -149,14 +149,14 @@ pub struct TenantBody {
     has_tenant: bool,
     /// The tenant's encoded `WriteRequest`, when it is not `borrowed`.
     own: Vec<u8>,
-    /// The tenant's body is this one piece of the split's input (a request of one tenant,
-    /// its series as they are: most requests of a sender that serves one tenant), not
-    /// copied. `own` is empty then.
-    borrowed: Option<(u32, u32)>,
+    /// The tenant's body is this one piece of the split's input, not copied, and the
+    /// input's length: a request whose series all go to one tenant as they are (they
+    /// keep the tenant label, `keep_label`, or have none). `own` is empty then.
+    borrowed: Option<(u32, u32, usize)>,
     pub series: usize,
-    /// Float samples and histograms in `body`.
+    /// Float samples and histograms in the body.
     pub samples: u64,
-    /// `body` holds metadata entries (else the 2.0 encoder need not look for them).
+    /// The body holds metadata entries (else the 2.0 encoder need not look for them).
     pub has_metadata: bool,
 }
 
@@ -166,10 +166,18 @@ impl TenantBody {
         self.has_tenant.then_some(&self.tenant[..])
     }
 
-    /// The tenant's encoded `WriteRequest`; `input` is the body the split was given.
+    /// The tenant's encoded `WriteRequest`; `input` must be the body the split was
+    /// given (checked by its length: another buffer would give other bytes).
     pub fn bytes<'a>(&'a self, input: &'a [u8]) -> &'a [u8] {
         match self.borrowed {
-            Some((start, end)) => &input[start as usize..end as usize],
+            Some((start, end, input_len)) => {
+                assert_eq!(
+                    input.len(),
+                    input_len,
+                    "a tenant body read from another input"
+                );
+                &input[start as usize..end as usize]
+            }
             None => &self.own,
         }
     }
@@ -178,7 +186,7 @@ impl TenantBody {
     fn append_piece(&mut self, input: &[u8], start: usize, end: usize) {
         match (u32::try_from(start), u32::try_from(end)) {
             (Ok(s), Ok(e)) if self.own.is_empty() && self.borrowed.is_none() => {
-                self.borrowed = Some((s, e));
+                self.borrowed = Some((s, e, input.len()));
             }
             _ => self.own_bytes(input).extend_from_slice(&input[start..end]),
         }
@@ -186,7 +194,7 @@ impl TenantBody {
 
     /// The body as bytes of its own, to append to: a borrowed piece is copied first.
     fn own_bytes(&mut self, input: &[u8]) -> &mut Vec<u8> {
-        if let Some((start, end)) = self.borrowed.take() {
+        if let Some((start, end, _)) = self.borrowed.take() {
             self.own
                 .extend_from_slice(&input[start as usize..end as usize]);
         }

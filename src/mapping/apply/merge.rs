@@ -78,20 +78,23 @@ impl Mapper {
     }
 
     /// The merge index's key of the label set in `work` (in its output order: the same
-    /// for equal sets). Each label is hashed on its own and the hashes folded together:
-    /// one hasher through every label made one chain of dependent multiplies, a quarter
-    /// of the mapper's time; the labels' chains now overlap.
+    /// for equal sets). Each label is hashed on its own, with its position, and the
+    /// hashes folded together: one hasher through every label made one chain of
+    /// dependent multiplies, a quarter of the mapper's time; the labels' chains now
+    /// overlap. The position is inside each label's keyed hash (a fold by rotation alone
+    /// would repeat every 64 labels: sets with two labels swapped 64 places apart would
+    /// share a key whatever the seed, and a sender could make every series collide).
     pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
         let mut key = self.work.len() as u64;
-        for l in &self.work {
+        for (i, l) in self.work.iter().enumerate() {
             let (name, value) = (self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
             let mut h = self.hasher.build_hasher();
+            h.write_u64(i as u64);
             // Both lengths in one word keep `a="bc"` and `ab="c"` apart.
             h.write_u64(((name.len() as u64) << 32) | value.len() as u64);
             h.write(name);
             h.write(value);
-            // Rotated by position: the same labels at other places give another key.
-            key = key.rotate_left(23) ^ h.finish();
+            key ^= h.finish();
         }
         key
     }
@@ -351,5 +354,40 @@ impl Mapper {
             w.histogram_raw(self.hist_bytes(h.bytes, buf));
         }
         self.stats.histograms_out += self.gather_hist.len() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Equal label sets share a key; two labels swapped, however far apart (a fold by
+    /// rotation alone repeats every 64 places), give another.
+    #[test]
+    fn label_sets_with_labels_swapped_far_apart_get_other_keys() {
+        let mut m = Mapper::new();
+        let labels: Vec<WorkLabel> = (0..130)
+            .map(|i| WorkLabel {
+                name: m.intern(format!("l{i:03}").as_bytes()),
+                value: m.intern(format!("v{}", i % 7).as_bytes()),
+                renamed: false,
+            })
+            .collect();
+        m.work = labels.clone();
+        let key = m.label_hash(&[]);
+        assert_eq!(m.label_hash(&[]), key);
+        for (a, b) in [(0, 64), (1, 65), (3, 128), (0, 1)] {
+            m.work = labels.clone();
+            m.work.swap(a, b);
+            assert_ne!(m.label_hash(&[]), key, "labels {a} and {b} swapped");
+        }
+        // A label twice does not cancel out: sets that differ only in their repeated
+        // label get other keys.
+        let twice = |m: &mut Mapper, l: WorkLabel| {
+            m.work = labels[..64].to_vec();
+            m.work.extend([l, l]);
+            m.label_hash(&[])
+        };
+        assert_ne!(twice(&mut m, labels[100]), twice(&mut m, labels[101]));
     }
 }

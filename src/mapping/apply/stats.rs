@@ -27,8 +27,9 @@ pub struct MapStats {
     pub renames: Vec<(u32, u64)>,
     /// (slot, series, samples) per plan of the request's series (`Rules::families`),
     /// one entry per slot: a request's targets each repeat every family, and each entry
-    /// costs three atomic additions when the request is recorded.
-    pub families: Vec<(u32, u64, u64)>,
+    /// costs three atomic additions when the request is recorded. Private: `family_at`
+    /// indexes it.
+    families: Vec<(u32, u64, u64)>,
     /// Per slot: its entry in `families` + 1 (0: none yet this request).
     family_at: Vec<u32>,
     /// The entry of the last series noted (series of one family come in runs).
@@ -37,7 +38,7 @@ pub struct MapStats {
 
 impl MapStats {
     /// Bytes its vectors hold between requests (one entry per run of series for the
-    /// renames and families: they grow with a request).
+    /// renames, per family for the families: they grow with a request).
     pub fn retained_bytes(&self) -> usize {
         use crate::wire::held;
         held(&self.dropped)
@@ -73,6 +74,11 @@ impl MapStats {
             }
         }
         self.families.clear();
+    }
+
+    /// (slot, series, samples) of each plan the request's series went through.
+    pub fn families(&self) -> &[(u32, u64, u64)] {
+        &self.families
     }
 
     pub(super) fn note_family(&mut self, slot: u32, samples: u64) {
