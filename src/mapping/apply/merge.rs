@@ -89,9 +89,9 @@ impl Mapper {
         for (i, l) in self.work.iter().enumerate() {
             let (name, value) = (self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
             let mut h = self.hasher.build_hasher();
-            h.write_u64(i as u64);
-            // Both lengths in one word keep `a="bc"` and `ab="c"` apart.
-            h.write_u64(((name.len() as u64) << 32) | value.len() as u64);
+            // The position and both lengths (under 4 GiB, snappy's limit) in one word,
+            // one step of the hasher; the lengths keep `a="bc"` and `ab="c"` apart.
+            h.write_u128(((i as u128) << 64) | ((name.len() as u128) << 32) | value.len() as u128);
             h.write(name);
             h.write(value);
             key ^= h.finish();
