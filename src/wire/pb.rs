@@ -250,6 +250,23 @@ pub fn put_int64_field(out: &mut Vec<u8>, field: u32, v: i64) {
     put_varint(out, v as u64);
 }
 
+/// A 1.0 `WriteRequest`'s series fields alone, its metadata and anything else left out
+/// (tests of bodies without metadata).
+#[cfg(test)]
+pub(crate) fn series_fields_of(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut r = Reader::new(body, 0, body.len());
+    while !r.is_done() {
+        let from = r.pos();
+        let (field, wire) = r.key().unwrap();
+        r.skip(wire).unwrap();
+        if field == 1 {
+            out.extend_from_slice(&body[from..r.pos()]);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -901,21 +901,6 @@ mod tests {
         }
     }
 
-    /// `body`'s series fields alone (its metadata left out).
-    fn series_of(body: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut r = crate::wire::pb::Reader::new(body, 0, body.len());
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key().unwrap();
-            r.skip(wire).unwrap();
-            if field == 1 {
-                out.extend_from_slice(&body[from..r.pos()]);
-            }
-        }
-        out
-    }
-
     fn request(tenants: &[Option<&str>]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut scratch = Vec::new();
@@ -1190,7 +1175,8 @@ mod tests {
     /// with the piece appended.
     #[test]
     fn one_tenant_s_series_as_they_are_are_borrowed_not_copied() {
-        let series_only = |tenants: &[Option<&str>]| series_of(&request(tenants));
+        let series_only =
+            |tenants: &[Option<&str>]| crate::wire::pb::series_fields_of(&request(tenants));
         let mut split = TenantSplit::new();
         let one = series_only(&[Some("a"), Some("a"), Some("a")]);
         let bodies = split.split(&one, &opts(None, true, 10)).unwrap();
@@ -1320,7 +1306,7 @@ mod tests {
         assert_eq!(families(bodies, &input), [(None, vec!["up".to_string()])]);
         assert_eq!(split.metadata_dropped(), 0);
         // Series teach the memory (`up` at a, b and without a tenant).
-        let no_meta = series_of(&request(&[Some("a"), Some("b"), None]));
+        let no_meta = crate::wire::pb::series_fields_of(&request(&[Some("a"), Some("b"), None]));
         split
             .split_routed(&no_meta, &opts(None, false, 10), &strict)
             .unwrap();

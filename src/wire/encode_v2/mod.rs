@@ -976,17 +976,7 @@ mod tests {
     /// skipped; series still get their family's metadata from the memory.
     #[test]
     fn a_metadata_free_body_encodes_the_same_without_the_look_for_metadata() {
-        let with_metadata = mapped(300);
-        let mut series_only = Vec::new();
-        let mut r = Reader::new(&with_metadata, 0, with_metadata.len());
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key().unwrap();
-            r.skip(wire).unwrap();
-            if field == 1 {
-                series_only.extend_from_slice(&with_metadata[from..r.pos()]);
-            }
-        }
+        let series_only = crate::wire::pb::series_fields_of(&mapped(300));
         let mut memory = MetadataMemory::default();
         memory.store(b"requests", 1, b"Requests.", b"");
         let (mut scanned, mut skipped) = (Vec::new(), Vec::new());
