@@ -279,10 +279,10 @@ fn bench_size(c: &mut Criterion, label: &str, bodies: &[Vec<u8>]) {
                 let k = next(bodies.len());
                 let p = pipeline.process(&mut ws, &bodies[k]).expect("valid");
                 let mut bytes = 0;
-                for t in split.split(&ws.encoded, &by_instance).expect("splits") {
+                for t in split.split(ws.mapped(), &by_instance).expect("splits") {
                     let out = tenant_bodies
                         .encode(
-                            t.bytes(&ws.encoded),
+                            t.bytes(ws.mapped()),
                             false,
                             None,
                             V2Output::No,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
 use crate::mapping::unroll::{Unrolled, Unroller};
-use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapper, Rules};
+use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapped, Mapper, Rules};
 use crate::wire::bodies::BodyEncoder;
 use crate::wire::encode_v2::{MetadataMemory, StripScratch, V2Encoder, strip_v2};
 use crate::wire::split::TenantSplit;
@@ -41,7 +41,11 @@ pub struct Workspace {
     raw_len: usize,
     pub decoded: DecodedRequest,
     pub mapper: Mapper,
-    pub encoded: Vec<u8>,
+    /// The mapped request, uncompressed, unless `mapped_is_input` ([`Workspace::mapped`]).
+    encoded: Vec<u8>,
+    /// The mapped request is the decompressed input itself (no rule touched it):
+    /// `encoded` is left empty, not filled with a copy.
+    mapped_is_input: bool,
     /// Compression output; its length stays at the largest ever needed, so that
     /// compressing never zero-fills it again (only `compressed_len` bytes are the body).
     compressed: Vec<u8>,
@@ -142,7 +146,11 @@ impl Workspace {
     /// The last request's output and the buffers to route it with.
     pub fn route_input(&mut self) -> RouteInput<'_> {
         RouteInput {
-            mapped: &self.encoded,
+            mapped: mapped_body(
+                &self.encoded,
+                &self.raw[..self.raw_len],
+                self.mapped_is_input,
+            ),
             has_start_timestamps: self.decoded.has_start_timestamps,
             v1: (!self.skip_v1_body).then_some(if self.output_is_input {
                 &self.input_body[..]
@@ -178,10 +186,21 @@ impl Workspace {
         &self.v2_raw
     }
 
+    /// The mapped request of the last [`Pipeline::process`], uncompressed.
+    pub fn mapped(&self) -> &[u8] {
+        mapped_body(&self.encoded, self.input(), self.mapped_is_input)
+    }
+
     /// The decompressed input of the last request.
     pub fn input(&self) -> &[u8] {
         &self.raw[..self.raw_len]
     }
+}
+
+/// The mapped request: `encoded`, or the decompressed `input` when the mapper found the
+/// output to be the input itself ([`Mapped::SameAsInput`]).
+fn mapped_body<'a>(encoded: &'a [u8], input: &'a [u8], is_input: bool) -> &'a [u8] {
+    if is_input { input } else { encoded }
 }
 
 /// Result of one request through the pipeline.
@@ -453,19 +472,27 @@ impl Pipeline {
             taps: self.deriver.as_ref().map(|d| d.taps()),
             counters: self.counters.as_deref(),
         };
-        ws.mapper
-            .map_request(&self.rules, input, &ws.decoded, &mut ws.encoded, &ctx);
+        ws.mapped_is_input = ws.mapper.map_request_unless_same(
+            &self.rules,
+            input,
+            &ws.decoded,
+            &mut ws.encoded,
+            &ctx,
+        ) == Mapped::SameAsInput;
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }
         ws.unrolled = Unrolled::default();
         if ws.decoded.has_nhcb {
-            ws.unrolled =
-                ws.unroller
-                    .unroll(&ws.encoded, &mut ws.classic, self.limits.max_decoded_bytes)?;
+            ws.unrolled = ws.unroller.unroll(
+                mapped_body(&ws.encoded, &ws.raw[..ws.raw_len], ws.mapped_is_input),
+                &mut ws.classic,
+                self.limits.max_decoded_bytes,
+            )?;
         }
         ws.compressed_len = 0;
-        let unchanged = ws.has_input_body && ws.encoded[..] == ws.raw[..ws.raw_len];
+        let unchanged =
+            ws.has_input_body && (ws.mapped_is_input || ws.encoded[..] == ws.raw[..ws.raw_len]);
         ws.has_input_body = false;
         ws.output_is_input = false;
         if unchanged && !ws.skip_v1_body {
@@ -476,11 +503,12 @@ impl Pipeline {
             let encoder = ws.encoder.get_or_insert_with(snap::raw::Encoder::new);
             // Start timestamps ride in the mapped body for 2.0 output; 1.0 has no field
             // for them.
+            let mapped = mapped_body(&ws.encoded, &ws.raw[..ws.raw_len], ws.mapped_is_input);
             let v1: &[u8] = if ws.decoded.has_start_timestamps {
-                strip_v2(&ws.encoded, &mut ws.plain, &mut ws.strip)?;
+                strip_v2(mapped, &mut ws.plain, &mut ws.strip)?;
                 &ws.plain
             } else {
-                &ws.encoded
+                mapped
             };
             ws.compressed_len = snappy::compress_into(encoder, v1, &mut ws.compressed);
         }
@@ -491,7 +519,7 @@ impl Pipeline {
             histograms_in: ws.decoded.histogram_count(),
             metadata_in: ws.decoded.metadata.len(),
             exemplars_in: ws.decoded.exemplars.len(),
-            empty: ws.encoded.is_empty(),
+            empty: ws.mapped().is_empty(),
         })
     }
 
@@ -500,8 +528,9 @@ impl Pipeline {
     /// the metadata of their family from the request or, failing that, from earlier
     /// requests.
     pub fn encode_v2(&self, ws: &mut Workspace) -> Result<usize, DecodeError> {
+        let mapped = mapped_body(&ws.encoded, &ws.raw[..ws.raw_len], ws.mapped_is_input);
         let written = ws.v2.encode_remembering(
-            &ws.encoded,
+            mapped,
             &self.metadata_memory,
             &mut ws.v2_raw,
             ws.mapper.stats.metadata_out > 0,

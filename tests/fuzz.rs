@@ -921,8 +921,8 @@ impl Worker<'_> {
     /// `v2_input`: the request came as 2.0, so samples and histograms may carry start
     /// timestamps (kept in the mapped body, removed from the compressed 1.0 output).
     fn check_output(&mut self, v2_input: bool) {
-        let out = &self.ws.encoded;
-        let v1 = match pb::WriteRequest::decode(out.as_slice()) {
+        let out = self.ws.mapped();
+        let v1 = match pb::WriteRequest::decode(out) {
             Ok(v1) => v1,
             Err(e) => panic!("pipeline output is not a valid WriteRequest: {e}"),
         };
@@ -965,7 +965,7 @@ impl Worker<'_> {
             );
             assert_eq!(b.exemplars.len(), a.exemplars.len(), "2.0 exemplars");
         }
-        let out = &self.ws.encoded;
+        let out = self.ws.mapped();
         let compressed = self.ws.compressed();
         let back = snap::raw::Decoder::new()
             .decompress_vec(compressed)

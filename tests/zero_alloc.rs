@@ -251,7 +251,7 @@ fn check_zero_alloc(bodies: &[Vec<u8>], mut cfg: Config, what: &str, flow: Flow)
             // Cut-over tracking ran (old names such as DCGM_FI_DEV_FB_USED were renamed).
             tracked += pipeline.stats(&ws).renames.len();
             samples += (p.samples_in + p.histograms_in) as u64;
-            out_bytes += ws.encoded.len();
+            out_bytes += ws.mapped().len();
         }
         (samples, derived, count)
     };
@@ -399,14 +399,14 @@ fn zero_alloc_tenant_split() {
             pipeline.process(&mut ws, b).expect("valid payload");
             let before = allocations();
             let out = split
-                .split_routed(&ws.encoded, &opts, &orphans)
+                .split_routed(ws.mapped(), &opts, &orphans)
                 .expect("splits");
             // Each tenant's body compressed as 1.0 and encoded as 2.0 (what routing
             // does before it hands the bodies to the backends).
             for t in out {
                 let b = bodies_enc
                     .encode(
-                        t.bytes(&ws.encoded),
+                        t.bytes(ws.mapped()),
                         false,
                         None,
                         V2Output::Yes(None),

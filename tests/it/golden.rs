@@ -182,7 +182,7 @@ fn metadata_out(config: &Config, scrape: &Path) -> String {
     let raw = promnorm::normalize::scrape_to_request(&parsed, 0).encode_to_vec();
     let mut ws = pipeline.take_workspace();
     pipeline.process_raw(&mut ws, &raw).unwrap();
-    let out = pb::WriteRequest::decode(&ws.encoded[..]).unwrap();
+    let out = pb::WriteRequest::decode(ws.mapped()).unwrap();
     let mut s = String::new();
     for m in &out.metadata {
         let t = pb::metric_metadata::MetricType::try_from(m.r#type)

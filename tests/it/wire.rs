@@ -277,7 +277,7 @@ fn a_request_no_rule_touches_is_forwarded_as_its_own_body() {
     let raw = untouched_request("vllm:num_requests_running");
     let body = literal_snappy(&raw);
     pipeline.process(&mut ws, &body).unwrap();
-    assert_eq!(ws.encoded, raw);
+    assert_eq!(ws.mapped(), raw);
     // (Not assert_eq: a failure would print both bodies.)
     assert!(
         ws.compressed() == &body[..],
@@ -292,7 +292,7 @@ fn a_request_no_rule_touches_is_forwarded_as_its_own_body() {
     let out = snap::raw::Decoder::new()
         .decompress_vec(ws.compressed())
         .unwrap();
-    assert_eq!(out, ws.encoded);
+    assert_eq!(out, ws.mapped());
     assert!(
         out.windows(28)
             .any(|w| w == b"vllm:prefix_cache_hits_total")
@@ -303,4 +303,84 @@ fn a_request_no_rule_touches_is_forwarded_as_its_own_body() {
         .decompress_vec(ws.compressed())
         .unwrap();
     assert_eq!(out, raw);
+}
+
+/// `body` with the length of series `k` written as a two-byte varint (valid protobuf, as
+/// no encoder writes it).
+fn with_long_length(body: &[u8], k: usize) -> Vec<u8> {
+    let req = pb::WriteRequest::decode(body).unwrap();
+    let mut out = Vec::new();
+    for (i, ts) in req.timeseries.iter().enumerate() {
+        let bytes = ts.encode_to_vec();
+        assert!(bytes.len() < 128);
+        out.push(0x0a);
+        if i == k {
+            out.extend_from_slice(&[bytes.len() as u8 | 0x80, 0x00]);
+        } else {
+            out.push(bytes.len() as u8);
+        }
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+fn map_once(rules: &Rules, raw: &[u8]) -> (promnorm::mapping::Mapped, Vec<u8>) {
+    use promnorm::mapping::{MapContext, Mapper};
+    use promnorm::wire::decode::{DecodeLimits, DecodedRequest};
+    let mut req = DecodedRequest::default();
+    req.decode(raw, DecodeLimits::default()).unwrap();
+    let ctx = MapContext {
+        taps: None,
+        counters: None,
+    };
+    let mut out = Vec::new();
+    let mapped = Mapper::new().map_request_unless_same(rules, raw, &req, &mut out, &ctx);
+    (mapped, out)
+}
+
+#[test]
+fn a_request_of_untouched_series_is_not_copied_and_others_are_framed_as_written() {
+    use promnorm::mapping::Mapped;
+    let rules = Rules::empty();
+    let raw = untouched_request("vllm:num_requests_running");
+    let (mapped, out) = map_once(&rules, &raw);
+    assert_eq!(mapped, Mapped::SameAsInput);
+    assert!(out.is_empty(), "nothing copied");
+    // A series framed with a longer length than the writer's: the request is written,
+    // every series with the writer's framing, in the input's order.
+    let canonical = pb::WriteRequest::decode(&raw[..]).unwrap().encode_to_vec();
+    for k in [0, 1, 25, 49] {
+        let odd = with_long_length(&raw, k);
+        let (mapped, out) = map_once(&rules, &odd);
+        assert_eq!(mapped, Mapped::Written, "series {k} framed long");
+        assert!(
+            out == canonical,
+            "series {k} framed long: written as the writer would"
+        );
+    }
+    // Series the rules change or drop between untouched ones: the untouched ones in
+    // their order, runs and all, then the changed ones.
+    let cfg = Config::embedded_default();
+    let packs = cfg.pipeline().unwrap();
+    let mut req = pb::WriteRequest::decode(&raw[..]).unwrap();
+    for i in [3, 4, 20, 49] {
+        req.timeseries[i].labels[0].value = "vllm:gpu_prefix_cache_hits_total".into();
+    }
+    let body = req.encode_to_vec();
+    let (mapped, out) = map_once(packs.rules(), &body);
+    assert_eq!(mapped, Mapped::Written);
+    let got = pb::WriteRequest::decode(&out[..]).unwrap();
+    let untouched: Vec<_> = req
+        .timeseries
+        .iter()
+        .filter(|t| t.labels[0].value == "vllm:num_requests_running")
+        .cloned()
+        .collect();
+    assert_eq!(got.timeseries[..untouched.len()], untouched[..]);
+    assert_eq!(got.timeseries.len(), 50);
+    assert!(
+        got.timeseries[untouched.len()..]
+            .iter()
+            .all(|t| t.labels[0].value == "vllm:prefix_cache_hits_total")
+    );
 }

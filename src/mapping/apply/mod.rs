@@ -34,11 +34,12 @@ use super::compile::{
 };
 use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
-use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span};
+use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span, short_eq};
 use crate::wire::encode::{
     NO_KEY, SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
 };
 use crate::wire::held;
+use crate::wire::pb::varint_len;
 
 /// Prometheus' stale marker. Compared by bits, never by `is_nan()`.
 pub use crate::wire::STALE_NAN_BITS;
@@ -106,7 +107,48 @@ pub struct Mapper {
     learnt: Vec<Box<str>>,
     /// This request runs the metadata `_total` fix (see [`Mapper::pass_through`]).
     total_fix_on: bool,
+    /// Input bytes `[start, end)` that follow `out` in the output and are not copied yet:
+    /// series written as they came, one after another in the input with their framing
+    /// (see [`Mapper::write_raw`]).
+    pending: Option<(usize, usize)>,
     pub stats: MapStats,
+}
+
+/// What [`Mapper::map_request_unless_same`] left in its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapped {
+    /// The output is in `out`.
+    Written,
+    /// The output is the input, byte for byte; nothing was written to `out`.
+    SameAsInput,
+}
+
+/// Where the 1.0 `WriteRequest` field holding the series `[start, end)` of `buf` starts,
+/// when the bytes before it are exactly that field's key and length as
+/// [`write_raw_series`] writes them (the shortest varint): the series, framing and all,
+/// is then the bytes `[frame, end)` of the input.
+#[inline]
+fn framed_series_start(buf: &[u8], start: usize, end: usize) -> Option<usize> {
+    let len = end.checked_sub(start)? as u64;
+    let frame = start.checked_sub(1 + varint_len(len))?;
+    let head = buf.get(frame..start)?;
+    if head[0] != 0x0a {
+        return None;
+    }
+    let mut rest = len;
+    for (i, &byte) in head[1..].iter().enumerate() {
+        let last = i + 2 == head.len();
+        let want = if last {
+            rest as u8
+        } else {
+            (rest as u8 & 0x7f) | 0x80
+        };
+        if byte != want {
+            return None;
+        }
+        rest >>= 7;
+    }
+    Some(frame)
 }
 
 impl Mapper {
@@ -183,7 +225,25 @@ impl Mapper {
         out: &mut Vec<u8>,
         ctx: &MapContext<'_>,
     ) {
+        if self.map_request_unless_same(rules, buf, req, out, ctx) == Mapped::SameAsInput {
+            out.extend_from_slice(buf);
+        }
+    }
+
+    /// [`Mapper::map_request`], except that when the output would be `buf` itself (no
+    /// rule touched a series, every one written as it came, in order, nothing else in
+    /// the request) nothing is written and [`Mapped::SameAsInput`] says so: a request
+    /// no rule touches costs no copy of its body, and no comparison with it.
+    pub fn map_request_unless_same(
+        &mut self,
+        rules: &Rules,
+        buf: &[u8],
+        req: &DecodedRequest,
+        out: &mut Vec<u8>,
+        ctx: &MapContext<'_>,
+    ) -> Mapped {
         self.reset(rules);
+        self.pending = None;
         self.total_fix_on = ctx.counters.is_some();
         let taps = ctx.taps.unwrap_or(&NO_TAPS);
         if let Some(cf) = ctx.counters {
@@ -197,7 +257,7 @@ impl Mapper {
         let mut fixed: Option<Resolved>;
         for s in &req.series {
             let name_bytes = s.name.bytes(buf);
-            if !matches!(&last, Some((prev, _)) if *prev == name_bytes) {
+            if !matches!(&last, Some((prev, _)) if short_eq(prev, name_bytes)) {
                 last = Some((name_bytes, self.resolve(rules, name_bytes)));
             }
             let resolved = last.as_ref().and_then(|(_, r)| r.as_ref());
@@ -235,12 +295,58 @@ impl Mapper {
                 }
             }
         }
+        // Every byte of the input is in the one run of series written as they came:
+        // nothing was dropped, merged or rebuilt, and the request holds nothing else.
+        let same = out.is_empty()
+            && self.pending == Some((0, buf.len()))
+            && self.out_series.is_empty()
+            && req.metadata.is_empty();
+        if same {
+            self.pending = None;
+        } else {
+            self.flush_pending(out, buf);
+        }
         self.encode_merged(buf, req, out, taps);
         self.map_metadata(rules, buf, req, out, ctx.counters.is_some());
         if let Some(cf) = ctx.counters
             && !self.learnt.is_empty()
         {
             cf.learn(&mut self.learnt);
+        }
+        if same {
+            debug_assert!(out.is_empty(), "nothing written after the input's run");
+            Mapped::SameAsInput
+        } else {
+            Mapped::Written
+        }
+    }
+
+    /// Appends a series written as it came (`raw`, a 1.0 `TimeSeries` of `buf`). When
+    /// the bytes before it in the input are the framing [`write_raw_series`] would
+    /// write, it joins the run of such series not copied yet (or starts one): a run is
+    /// copied in one piece, and a request that is one run is not copied at all.
+    fn write_raw(&mut self, out: &mut Vec<u8>, buf: &[u8], raw: Span) {
+        let (start, end) = (raw.start as usize, raw.end as usize);
+        if let Some(frame) = framed_series_start(buf, start, end) {
+            match &mut self.pending {
+                Some((_, run_end)) if *run_end == frame => *run_end = end,
+                _ => {
+                    self.flush_pending(out, buf);
+                    self.pending = Some((frame, end));
+                }
+            }
+            return;
+        }
+        self.flush_pending(out, buf);
+        write_raw_series(out, raw.bytes(buf));
+    }
+
+    /// Copies the run of series not copied yet ([`Mapper::write_raw`]) to `out`: before
+    /// anything else is written there.
+    #[inline]
+    fn flush_pending(&mut self, out: &mut Vec<u8>, buf: &[u8]) {
+        if let Some((start, end)) = self.pending.take() {
+            out.extend_from_slice(&buf[start..end]);
         }
     }
 
@@ -282,8 +388,9 @@ impl Mapper {
         taps: &TapSet,
     ) {
         if s.canonical {
-            write_raw_series(out, s.raw.bytes(buf));
+            self.write_raw(out, buf, s.raw);
         } else {
+            self.flush_pending(out, buf);
             self.write_direct(out, buf, req, s);
         }
         self.count_out(s);
