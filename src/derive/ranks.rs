@@ -225,6 +225,36 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_dated_ahead_holds_the_sums_back_until_the_others_pass_it() {
+        let mut s = RankSumState::new(0);
+        feed(&mut s, "0", 1000, 1.0);
+        feed(&mut s, "1", 1000, 2.0);
+        feed(&mut s, "0", 2000, 1.0);
+        assert_eq!(feed(&mut s, "1", 2000, 2.0), Some(3.0));
+        // Rank 1's clock jumps ahead: its later samples dated before that are refused,
+        // as a TSDB refuses them, and no sum lacks it.
+        assert_eq!(feed(&mut s, "1", 9000, 20.0), None);
+        for ts in [3000, 4000, 5000, 6000] {
+            assert_eq!(feed(&mut s, "0", ts, 1.0), None, "at {ts}");
+            assert_eq!(feed(&mut s, "1", ts, 2.0), None, "at {ts}");
+        }
+        assert_eq!(
+            feed(&mut s, "0", 9000, 10.0),
+            Some(30.0),
+            "once rank 0 is there"
+        );
+        // A rank that cannot be kept, dated ahead: the sum ends after its last sum, at
+        // that date, and sums again once the ranks are 4 timestamps past it.
+        assert_eq!(s.end(20_000), Some(20_000));
+        let mut sums = Vec::new();
+        for ts in (10_000..=24_000).step_by(1000) {
+            sums.extend(feed(&mut s, "0", ts, 1.0).map(|v| (ts, v)));
+            sums.extend(feed(&mut s, "1", ts, 2.0).map(|v| (ts, v)));
+        }
+        assert_eq!(sums.first(), Some(&(24_000, 3.0)), "{sums:?}");
+    }
+
+    #[test]
     fn sums_once_every_rank_reported_in_any_order() {
         let mut s = RankSumState::new(0);
         assert_eq!(
