@@ -557,7 +557,9 @@ impl DecodedRequest {
         let mut p = 0usize;
         let mut name: Option<Span> = None;
         let mut prev_name: &[u8] = &[];
-        let mut longest_value = 0usize;
+        // A short label's value is under 128 bytes: under the usual limit (64 KiB) none
+        // needs its length checked.
+        let check_values = limits.max_label_value_bytes < 128;
         // Label: 0x0a LEN 0x0a NL name 0x12 VL value, LEN = 4 + NL + VL.
         while msg.get(p) == Some(&0x0a) {
             let label = short_label_at(msg, p)?;
@@ -571,7 +573,9 @@ impl DecodedRequest {
             if is_metric_name(label_name) {
                 name = Some(value);
             }
-            longest_value = longest_value.max(value_at.len());
+            if check_values && value_at.len() > limits.max_label_value_bytes {
+                return None;
+            }
             self.labels.push(LabelSpan {
                 name: Span::new(start + name_at.start, start + name_at.end),
                 value,
@@ -580,7 +584,6 @@ impl DecodedRequest {
             p = value_at.end;
         }
         if p == 0
-            || longest_value > limits.max_label_value_bytes
             || self.labels.len() - first_label > limits.max_labels_per_series
             || !all_ascii(&msg[..p])
         {
@@ -1409,6 +1412,36 @@ mod tests {
         let mut d = DecodedRequest::default();
         let err = d.decode(&body, DecodeLimits::default()).unwrap_err();
         assert!(matches!(err, DecodeError::ViewTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_label_value_over_the_limit_is_refused_at_every_limit() {
+        let value = [b'v'; 100];
+        for (limit, len, ok) in [
+            (16, 16, true),
+            (16, 17, false),
+            (99, 100, false),
+            (100, 100, true),
+            (127, 100, true),
+            (64 << 10, 100, true),
+        ] {
+            let body = encode(
+                vec![vec![(b"__name__", b"up"), (b"job", &value[..len])]],
+                &[(1.0, 1)],
+            );
+            let limits = DecodeLimits {
+                max_label_value_bytes: limit,
+                ..DecodeLimits::default()
+            };
+            let got = DecodedRequest::default().decode(&body, limits);
+            match got {
+                Ok(()) => assert!(ok, "limit {limit}, value of {len}: accepted"),
+                Err(DecodeError::LabelValueTooLong { len: l, .. }) => {
+                    assert!(!ok && l == len, "limit {limit}, value of {len}: refused")
+                }
+                Err(e) => panic!("limit {limit}, value of {len}: {e}"),
+            }
+        }
     }
 
     fn encode(series: Vec<Vec<(&[u8], &[u8])>>, samples: &[(f64, i64)]) -> Vec<u8> {
