@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
 use crate::mapping::unroll::{Unrolled, Unroller};
-use crate::mapping::{CounterFamilies, MapContext, MapStats, Mapped, Mapper, Rules};
+use crate::mapping::{CounterFamilies, MapContext, MapOutcome, MapStats, Mapper, Rules};
 use crate::wire::bodies::BodyEncoder;
 use crate::wire::encode_v2::{MetadataMemory, StripScratch, V2Encoder, strip_v2};
 use crate::wire::split::TenantSplit;
@@ -198,7 +198,7 @@ impl Workspace {
 }
 
 /// The mapped request: `encoded`, or the decompressed `input` when the mapper found the
-/// output to be the input itself ([`Mapped::SameAsInput`]).
+/// output to be the input itself ([`MapOutcome::SameAsInput`]).
 fn mapped_body<'a>(encoded: &'a [u8], input: &'a [u8], is_input: bool) -> &'a [u8] {
     if is_input { input } else { encoded }
 }
@@ -413,6 +413,9 @@ impl Pipeline {
         let decoder = ws.decoder.get_or_insert_with(snap::raw::Decoder::new);
         ws.has_input_body = false;
         ws.output_is_input = false;
+        // Until mapped, there is no mapped body: not the previous request's, nor this input.
+        ws.mapped_is_input = false;
+        ws.encoded.clear();
         ws.raw_len =
             snappy::decompress_into(decoder, body, self.limits.max_decoded_bytes, &mut ws.raw)?;
         if protocol == InputProtocol::V1 && !ws.skip_v1_body {
@@ -441,6 +444,8 @@ impl Pipeline {
         ws.raw_len = raw.len();
         ws.has_input_body = false;
         ws.output_is_input = false;
+        ws.mapped_is_input = false;
+        ws.encoded.clear();
         self.run(ws, protocol)
     }
 
@@ -478,7 +483,7 @@ impl Pipeline {
             &ws.decoded,
             &mut ws.encoded,
             &ctx,
-        ) == Mapped::SameAsInput;
+        ) == MapOutcome::SameAsInput;
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }

@@ -12,7 +12,7 @@ pub mod spec;
 pub mod unroll;
 
 pub use apply::{
-    CounterFamilies, MapContext, MapStats, Mapped, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
+    CounterFamilies, MapContext, MapOutcome, MapStats, Mapper, STALE_NAN_BITS, TapSet, TappedSeries,
 };
 pub use compile::{CompileError, GlobalOptions, MetadataPlan, OtelNames, PackOptions, Rules};
 pub use spec::PackSpec;

@@ -945,7 +945,7 @@ pub(super) fn sample_in_usual_shape(buf: &[u8], start: usize, end: usize) -> Opt
 /// bit, at most 10, no overflow), or `None`. The timestamp ends its `Sample`, so its
 /// length is known: no byte-by-byte search for the end, and no call (the general
 /// reader's multi-byte path needs 10 bytes left to skip its bounds checks, which the
-/// last field of a message never has).
+/// last field of a message has only when it is a 10-byte varint: a negative timestamp).
 #[inline(always)]
 fn varint_filling(bytes: &[u8]) -> Option<u64> {
     let n = bytes.len();

@@ -324,7 +324,7 @@ fn with_long_length(body: &[u8], k: usize) -> Vec<u8> {
     out
 }
 
-fn map_once(rules: &Rules, raw: &[u8]) -> (promnorm::mapping::Mapped, Vec<u8>) {
+fn map_once(rules: &Rules, raw: &[u8]) -> (promnorm::mapping::MapOutcome, Vec<u8>) {
     use promnorm::mapping::{MapContext, Mapper};
     use promnorm::wire::decode::{DecodeLimits, DecodedRequest};
     let mut req = DecodedRequest::default();
@@ -340,11 +340,11 @@ fn map_once(rules: &Rules, raw: &[u8]) -> (promnorm::mapping::Mapped, Vec<u8>) {
 
 #[test]
 fn a_request_of_untouched_series_is_not_copied_and_others_are_framed_as_written() {
-    use promnorm::mapping::Mapped;
+    use promnorm::mapping::MapOutcome;
     let rules = Rules::empty();
     let raw = untouched_request("vllm:num_requests_running");
     let (mapped, out) = map_once(&rules, &raw);
-    assert_eq!(mapped, Mapped::SameAsInput);
+    assert_eq!(mapped, MapOutcome::SameAsInput);
     assert!(out.is_empty(), "nothing copied");
     // A series framed with a longer length than the writer's: the request is written,
     // every series with the writer's framing, in the input's order.
@@ -352,7 +352,7 @@ fn a_request_of_untouched_series_is_not_copied_and_others_are_framed_as_written(
     for k in [0, 1, 25, 49] {
         let odd = with_long_length(&raw, k);
         let (mapped, out) = map_once(&rules, &odd);
-        assert_eq!(mapped, Mapped::Written, "series {k} framed long");
+        assert_eq!(mapped, MapOutcome::Written, "series {k} framed long");
         assert!(
             out == canonical,
             "series {k} framed long: written as the writer would"
@@ -368,7 +368,7 @@ fn a_request_of_untouched_series_is_not_copied_and_others_are_framed_as_written(
     }
     let body = req.encode_to_vec();
     let (mapped, out) = map_once(packs.rules(), &body);
-    assert_eq!(mapped, Mapped::Written);
+    assert_eq!(mapped, MapOutcome::Written);
     let got = pb::WriteRequest::decode(&out[..]).unwrap();
     let untouched: Vec<_> = req
         .timeseries

@@ -116,7 +116,7 @@ pub struct Mapper {
 
 /// What [`Mapper::map_request_unless_same`] left in its output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mapped {
+pub enum MapOutcome {
     /// The output is in `out`.
     Written,
     /// The output is the input, byte for byte; nothing was written to `out`.
@@ -225,14 +225,14 @@ impl Mapper {
         out: &mut Vec<u8>,
         ctx: &MapContext<'_>,
     ) {
-        if self.map_request_unless_same(rules, buf, req, out, ctx) == Mapped::SameAsInput {
+        if self.map_request_unless_same(rules, buf, req, out, ctx) == MapOutcome::SameAsInput {
             out.extend_from_slice(buf);
         }
     }
 
     /// [`Mapper::map_request`], except that when the output would be `buf` itself (no
     /// rule touched a series, every one written as it came, in order, nothing else in
-    /// the request) nothing is written and [`Mapped::SameAsInput`] says so: a request
+    /// the request) nothing is written and [`MapOutcome::SameAsInput`] says so: a request
     /// no rule touches costs no copy of its body, and no comparison with it.
     pub fn map_request_unless_same(
         &mut self,
@@ -241,7 +241,7 @@ impl Mapper {
         req: &DecodedRequest,
         out: &mut Vec<u8>,
         ctx: &MapContext<'_>,
-    ) -> Mapped {
+    ) -> MapOutcome {
         self.reset(rules);
         self.pending = None;
         self.total_fix_on = ctx.counters.is_some();
@@ -315,9 +315,9 @@ impl Mapper {
         }
         if same {
             debug_assert!(out.is_empty(), "nothing written after the input's run");
-            Mapped::SameAsInput
+            MapOutcome::SameAsInput
         } else {
-            Mapped::Written
+            MapOutcome::Written
         }
     }
 
