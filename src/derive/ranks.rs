@@ -225,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sample_dated_ahead_holds_the_sums_back_until_the_others_pass_it() {
+    fn a_sample_dated_ahead_holds_the_sums_back_until_the_others_reach_it() {
         let mut s = RankSumState::new(0);
         feed(&mut s, "0", 1000, 1.0);
         feed(&mut s, "1", 1000, 2.0);

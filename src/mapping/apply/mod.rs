@@ -39,7 +39,7 @@ use crate::wire::encode::{
     NO_KEY, SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
 };
 use crate::wire::held;
-use crate::wire::pb::varint_len;
+use crate::wire::pb::put_varint_at;
 
 /// Prometheus' stale marker. Compared by bits, never by `is_nan()`.
 pub use crate::wire::STALE_NAN_BITS;
@@ -130,25 +130,10 @@ pub enum MapOutcome {
 #[inline]
 fn framed_series_start(buf: &[u8], start: usize, end: usize) -> Option<usize> {
     let len = end.checked_sub(start)? as u64;
-    let frame = start.checked_sub(1 + varint_len(len))?;
-    let head = buf.get(frame..start)?;
-    if head[0] != 0x0a {
-        return None;
-    }
-    let mut rest = len;
-    for (i, &byte) in head[1..].iter().enumerate() {
-        let last = i + 2 == head.len();
-        let want = if last {
-            rest as u8
-        } else {
-            (rest as u8 & 0x7f) | 0x80
-        };
-        if byte != want {
-            return None;
-        }
-        rest >>= 7;
-    }
-    Some(frame)
+    let mut head = [0x0a; 11];
+    let head_len = 1 + put_varint_at(&mut head, 1, len);
+    let frame = start.checked_sub(head_len)?;
+    short_eq(buf.get(frame..start)?, &head[..head_len]).then_some(frame)
 }
 
 impl Mapper {
