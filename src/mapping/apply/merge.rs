@@ -2,23 +2,8 @@
 //! encoding them in timestamp order.
 
 use super::*;
-use crate::wire::decode::{name_cmp, short_eq};
-use crate::wire::encode::encoded_label_at;
-
-/// A name's first eight bytes as a big-endian number, zero-padded: `name_key(a) <
-/// name_key(b)` implies `a < b` (bytewise); equal keys say nothing.
-#[inline]
-fn name_key(name: &[u8]) -> u64 {
-    let mut w = [0u8; 8];
-    if name.len() >= 8 {
-        w.copy_from_slice(&name[..8]);
-    } else {
-        for (d, s) in w.iter_mut().zip(name) {
-            *d = *s;
-        }
-    }
-    u64::from_be_bytes(w)
-}
+use crate::wire::decode::{name_cmp, name_less, short_eq};
+use crate::wire::encode::{encoded_label_at, write_series_label};
 
 impl Mapper {
     /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
@@ -35,77 +20,95 @@ impl Mapper {
             self.work = work;
             return;
         }
-        // Sorted by each name's first eight bytes, compared as one number; the whole
-        // names only where those are equal.
-        let mut keys = std::mem::take(&mut self.sort_keys);
-        keys.clear();
-        keys.extend(
-            work.iter()
-                .enumerate()
-                .map(|(i, l)| (name_key(self.str_bytes(l.name, buf)), i as u32)),
-        );
-        if keys.windows(2).all(|w| w[0].0 < w[1].0) {
-            self.sort_keys = keys;
-            self.work = work;
-            return;
+        // Only the labels a step renamed or added are out of place (one or two); the
+        // others are the input's, still in order. Those few are sorted among themselves
+        // and each put in place by a binary search: the result is the stable sort by
+        // (name, renamed) over the work order with the first of a name kept, which is
+        // the rule (an input label beats one renamed or added onto its name; of two
+        // moved onto one name, the first in that order).
+        let mut kept = std::mem::take(&mut self.work_sorted);
+        let mut moved = std::mem::take(&mut self.work_moved);
+        kept.clear();
+        moved.clear();
+        for l in &work {
+            if l.renamed || l.added {
+                moved.push(*l);
+            } else {
+                kept.push(*l);
+            }
         }
-        // Stable, as the plain sort by (name, renamed) over the work order was.
-        keys.sort_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| {
-                let (la, lb) = (&work[a.1 as usize], &work[b.1 as usize]);
-                name_cmp(self.str_bytes(la.name, buf), self.str_bytes(lb.name, buf))
-                    .then(la.renamed.cmp(&lb.renamed))
-            })
-        });
-        let mut sorted = std::mem::take(&mut self.work_sorted);
-        sorted.clear();
-        let mut last_key = None;
-        for &(key, i) in &keys {
-            let l = work[i as usize];
-            // The first of a name is kept.
-            if last_key == Some(key)
-                && let Some(prev) = sorted.last()
-                && short_eq(self.str_bytes(prev.name, buf), self.str_bytes(l.name, buf))
+        if moved.len() > 1 {
+            moved.sort_by(|a, b| {
+                name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
+                    .then(a.renamed.cmp(&b.renamed))
+            });
+        }
+        for m in &moved {
+            let name = self.str_bytes(m.name, buf);
+            let at = kept.partition_point(|k| name_less(self.str_bytes(k.name, buf), name));
+            if kept
+                .get(at)
+                .is_some_and(|k| short_eq(self.str_bytes(k.name, buf), name))
             {
                 continue;
             }
-            last_key = Some(key);
-            sorted.push(l);
+            kept.insert(at + 0, *m);
         }
         self.work_sorted = work;
-        self.work = sorted;
-        self.sort_keys = keys;
+        self.work_moved = moved;
+        self.work = kept;
     }
 
-    /// The merge index's key of the label set in `work` (in its output order: the same
-    /// for equal sets). Each label is hashed on its own, with its position, and the
-    /// hashes folded together: one hasher through every label made one chain of
-    /// dependent multiplies, a quarter of the mapper's time; the labels' chains now
-    /// overlap. The position is inside each label's keyed hash (a fold by rotation alone
-    /// would repeat every 64 labels: sets with two labels swapped 64 places apart would
-    /// share a key whatever the seed, and a sender could make every series collide).
-    pub(super) fn label_hash(&self, buf: &[u8]) -> u64 {
-        let mut key = self.work.len() as u64;
-        for (i, l) in self.work.iter().enumerate() {
-            let (name, value) = (self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
-            let mut h = self.hasher.build_hasher();
-            // The position and both lengths (under 4 GiB, snappy's limit) in one word,
-            // one step of the hasher; the lengths keep `a="bc"` and `ab="c"` apart.
-            h.write_u128(((i as u128) << 64) | ((name.len() as u128) << 32) | value.len() as u128);
-            h.write(name);
-            h.write(value);
-            key ^= h.finish();
+    /// Appends the labels in `work` to [`Mapper::out_label_bytes`] encoded exactly as
+    /// [`SeriesWriter::label`] writes them, one `Label` field after another (equal sets,
+    /// equal bytes: the encoding is a function of the names and values, and the work
+    /// area is in output order), and returns where they stand. Labels of a 1.0 input
+    /// that stand encoded so in it are copied from it, neighbours in one copy (most of
+    /// a series' labels are one run of the input); the others are encoded.
+    pub(super) fn encode_work_labels(&mut self, buf: &[u8], v2: bool) -> Range32 {
+        let mut out = std::mem::take(&mut self.out_label_bytes);
+        let start = out.len();
+        let mut run: Option<(usize, usize)> = None;
+        for l in &self.work {
+            // A 2.0 request's labels are symbols: none stands encoded as a `Label`.
+            let at = match (l.name, l.value) {
+                (Str::In(n), Str::In(v)) if !v2 => encoded_label_at(buf, n, v),
+                _ => None,
+            };
+            match (at, &mut run) {
+                (Some((start, end)), Some((_, run_end))) if *run_end == start => *run_end = end,
+                (Some(span), _) => {
+                    if let Some((a, b)) = run.replace(span) {
+                        out.extend_from_slice(&buf[a..b]);
+                    }
+                }
+                (None, _) => {
+                    if let Some((a, b)) = run.take() {
+                        out.extend_from_slice(&buf[a..b]);
+                    }
+                    write_series_label(
+                        &mut out,
+                        self.str_bytes(l.name, buf),
+                        self.str_bytes(l.value, buf),
+                    );
+                }
+            }
         }
-        key
+        if let Some((a, b)) = run {
+            out.extend_from_slice(&buf[a..b]);
+        }
+        let end = out.len();
+        self.out_label_bytes = out;
+        Range32 {
+            start: start as u32,
+            end: end as u32,
+        }
     }
 
-    pub(super) fn same_labels(&self, buf: &[u8], o: &OutSeries) -> bool {
-        let theirs = &self.out_labels[o.labels.usize()];
-        theirs.len() == self.work.len()
-            && theirs.iter().zip(&self.work).all(|(a, b)| {
-                self.str_bytes(a.name, buf) == self.str_bytes(b.name, buf)
-                    && self.str_bytes(a.value, buf) == self.str_bytes(b.value, buf)
-            })
+    /// The merge index's key of an encoded label set ([`Mapper::encode_work_labels`]):
+    /// one seeded hash over its bytes (a sender cannot aim collisions at the index).
+    pub(super) fn label_hash(&self, encoded: Range32) -> u64 {
+        self.hasher.hash_one(&self.out_label_bytes[encoded.usize()])
     }
 
     pub(super) fn insert(
@@ -173,12 +176,15 @@ impl Mapper {
         let chunk_id = self.chunks.len() as u32;
         self.chunks.push(chunk);
 
-        let hash = self.label_hash(buf);
+        let label_bytes = self.encode_work_labels(buf, req.v2);
+        let hash = self.label_hash(label_bytes);
         let mut cursor = self.index.get(&hash).copied().unwrap_or(NONE);
         let head = cursor;
         while cursor != NONE {
             let o = self.out_series[cursor as usize];
-            if self.same_labels(buf, &o) {
+            let (theirs, ours) = (o.label_bytes.usize(), label_bytes.usize());
+            if self.out_label_bytes[theirs] == self.out_label_bytes[ours] {
+                self.out_label_bytes.truncate(label_bytes.start as usize);
                 self.chunks[o.last_chunk as usize].next = chunk_id;
                 self.out_series[cursor as usize].last_chunk = chunk_id;
                 self.stats.collisions += 1;
@@ -194,6 +200,7 @@ impl Mapper {
                 start: l_start,
                 end: self.out_labels.len() as u32,
             },
+            label_bytes,
             first_chunk: chunk_id,
             last_chunk: chunk_id,
             next_same_hash: head,
@@ -209,31 +216,11 @@ impl Mapper {
         out: &mut Vec<u8>,
         taps: &TapSet,
     ) {
-        let mut memo = std::mem::take(&mut self.label_memo);
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
             // Straight into the output, no scratch copy.
             let mut w = SeriesWriter::in_place(out);
-            if req.v2 {
-                // No label of a 2.0 request stands encoded in its buffer: through the memo.
-                let labels = &self.out_labels[o.labels.usize()];
-                w.labels_memo(
-                    &mut memo,
-                    labels.len(),
-                    |k| match (labels[k].name, labels[k].value) {
-                        (Str::In(n), Str::In(v)) => label_key(n, v),
-                        _ => NO_KEY,
-                    },
-                    |k| {
-                        (
-                            self.str_bytes(labels[k].name, buf),
-                            self.str_bytes(labels[k].value, buf),
-                        )
-                    },
-                );
-            } else {
-                self.write_labels(&mut w, o.labels, buf);
-            }
+            w.raw_fields(&self.out_label_bytes[o.label_bytes.usize()]);
             let first = self.chunks[o.first_chunk as usize];
             if first.next == NONE {
                 for smp in &self.samples[first.samples.usize()] {
@@ -259,43 +246,8 @@ impl Mapper {
                     self.tap_merged(taps, buf, o, None);
                 }
             }
-            if req.v2 {
-                w.close_memo(&mut memo);
-            } else {
-                w.close();
-            }
+            w.close();
             self.stats.series_out += 1;
-        }
-        self.label_memo = memo;
-    }
-
-    /// Writes an output series' labels. Labels the rules left as they came are copied
-    /// from the input as it encoded them, neighbours in one copy (most of a series'
-    /// labels are one run of the input); the others are encoded.
-    fn write_labels(&self, w: &mut SeriesWriter<'_>, labels: Range32, buf: &[u8]) {
-        let mut run: Option<(usize, usize)> = None;
-        for l in &self.out_labels[labels.usize()] {
-            let at = match (l.name, l.value) {
-                (Str::In(n), Str::In(v)) => encoded_label_at(buf, n, v),
-                _ => None,
-            };
-            match (at, &mut run) {
-                (Some((start, end)), Some((_, run_end))) if *run_end == start => *run_end = end,
-                (Some(span), _) => {
-                    if let Some((a, b)) = run.replace(span) {
-                        w.raw_fields(&buf[a..b]);
-                    }
-                }
-                (None, _) => {
-                    if let Some((a, b)) = run.take() {
-                        w.raw_fields(&buf[a..b]);
-                    }
-                    w.label(self.str_bytes(l.name, buf), self.str_bytes(l.value, buf));
-                }
-            }
-        }
-        if let Some((a, b)) = run {
-            w.raw_fields(&buf[a..b]);
         }
     }
 
@@ -361,33 +313,147 @@ impl Mapper {
 mod tests {
     use super::*;
 
-    /// Equal label sets share a key; two labels swapped, however far apart (a fold by
-    /// rotation alone repeats every 64 places), give another.
+    fn label(m: &mut Mapper, name: &str, value: &str) -> WorkLabel {
+        WorkLabel {
+            name: m.intern(name.as_bytes()),
+            value: m.intern(value.as_bytes()),
+            renamed: false,
+            added: false,
+        }
+    }
+
+    /// A label set encodes to the bytes `SeriesWriter::label` writes, whether its labels
+    /// are copied from a 1.0 input or encoded; equal sets share a key, and a set with
+    /// two labels swapped, however far apart, or one label repeated, gets another.
     #[test]
-    fn label_sets_with_labels_swapped_far_apart_get_other_keys() {
+    fn equal_label_sets_encode_alike_from_input_or_arena_and_others_get_other_keys() {
+        let pairs: Vec<(String, String)> = (0..130)
+            .map(|i| (format!("l{i:03}"), format!("v{}", i % 7)))
+            .collect();
+        // The input: the same labels as a 1.0 series encodes them, a long value among
+        // them (two-byte lengths are encoded, not copied).
+        let mut input = Vec::new();
+        let mut spans = Vec::new();
+        for (i, (n, v)) in pairs.iter().enumerate() {
+            let v = if i == 5 { "x".repeat(200) } else { v.clone() };
+            let at = input.len();
+            write_series_label(&mut input, n.as_bytes(), v.as_bytes());
+            // Key, length (two bytes past 127), the name's key and length.
+            let name_at = at + if n.len() + v.len() + 5 < 128 { 4 } else { 5 };
+            let value_end = input.len();
+            spans.push((
+                Span::new(name_at, name_at + n.len()),
+                Span::new(value_end - v.len(), value_end),
+                v,
+            ));
+        }
+        let mut expected = Vec::new();
+        let mut w = SeriesWriter::new(&mut expected);
+        for ((n, _), (_, _, v)) in pairs.iter().zip(&spans) {
+            w.label(n.as_bytes(), v.as_bytes());
+        }
         let mut m = Mapper::new();
-        let labels: Vec<WorkLabel> = (0..130)
-            .map(|i| WorkLabel {
-                name: m.intern(format!("l{i:03}").as_bytes()),
-                value: m.intern(format!("v{}", i % 7).as_bytes()),
+        m.work = spans
+            .iter()
+            .map(|&(n, v, _)| WorkLabel {
+                name: Str::In(n),
+                value: Str::In(v),
                 renamed: false,
+                added: false,
             })
             .collect();
-        m.work = labels.clone();
-        let key = m.label_hash(&[]);
-        assert_eq!(m.label_hash(&[]), key);
+        let from_input = m.encode_work_labels(&input, false);
+        assert_eq!(&m.out_label_bytes[from_input.usize()], &expected[..]);
+        m.work = pairs
+            .iter()
+            .zip(&spans)
+            .map(|((n, _), (_, _, v))| label(&mut m, n, v))
+            .collect();
+        let from_arena = m.encode_work_labels(&input, false);
+        assert_eq!(&m.out_label_bytes[from_arena.usize()], &expected[..]);
+        let key = m.label_hash(from_input);
+        assert_eq!(m.label_hash(from_arena), key);
+        let all = m.work.clone();
         for (a, b) in [(0, 64), (1, 65), (3, 128), (0, 1)] {
-            m.work = labels.clone();
+            m.work = all.clone();
             m.work.swap(a, b);
-            assert_ne!(m.label_hash(&[]), key, "labels {a} and {b} swapped");
+            let swapped = m.encode_work_labels(&input, false);
+            assert_ne!(m.label_hash(swapped), key, "labels {a} and {b} swapped");
         }
-        // A label twice does not cancel out: sets that differ only in their repeated
-        // label get other keys.
-        let twice = |m: &mut Mapper, l: WorkLabel| {
-            m.work = labels[..64].to_vec();
-            m.work.extend([l, l]);
-            m.label_hash(&[])
+        m.work = all[..64].to_vec();
+        m.work.push(all[100]);
+        let once = m.encode_work_labels(&input, false);
+        m.work.push(all[100]);
+        let twice = m.encode_work_labels(&input, false);
+        assert_ne!(m.label_hash(once), m.label_hash(twice));
+    }
+
+    /// `finish_labels` orders labels as the stable sort by (name, renamed) over the work
+    /// order keeping the first of each name (the rule it implements more cheaply), for
+    /// random sets with labels renamed, added and dropped.
+    #[test]
+    fn finished_labels_are_the_stable_sort_keeping_the_first_of_a_name() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
         };
-        assert_ne!(twice(&mut m, labels[100]), twice(&mut m, labels[101]));
+        let names = [
+            "a", "ab", "b", "gpu", "instance", "job", "le", "model", "z", "zz",
+        ];
+        for _ in 0..5_000 {
+            let mut m = Mapper::new();
+            let mut work = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                if next(2) == 0 {
+                    work.push(label(&mut m, n, &format!("in{i}")));
+                }
+            }
+            for step in 0..next(4) {
+                match next(3) {
+                    0 if !work.is_empty() => {
+                        let i = next(work.len() as u64) as usize;
+                        work[i].name =
+                            m.intern(names[next(names.len() as u64) as usize].as_bytes());
+                        work[i].renamed = true;
+                    }
+                    1 => {
+                        let mut l = label(&mut m, names[next(names.len() as u64) as usize], "");
+                        l.value = m.intern(format!("added{step}").as_bytes());
+                        l.added = true;
+                        work.push(l);
+                    }
+                    _ if !work.is_empty() => {
+                        work.remove(next(work.len() as u64) as usize);
+                    }
+                    _ => {}
+                }
+            }
+            let mut reference = work.clone();
+            reference.sort_by(|a, b| {
+                m.str_bytes(a.name, &[])
+                    .cmp(m.str_bytes(b.name, &[]))
+                    .then(a.renamed.cmp(&b.renamed))
+            });
+            reference.dedup_by(|b, a| m.str_bytes(a.name, &[]) == m.str_bytes(b.name, &[]));
+            m.work = work.clone();
+            m.finish_labels(&[], true, false);
+            let show = |m: &Mapper, ls: &[WorkLabel]| -> Vec<(String, String)> {
+                ls.iter()
+                    .map(|l| {
+                        let s = |x| String::from_utf8_lossy(m.str_bytes(x, &[])).into_owned();
+                        (s(l.name), s(l.value))
+                    })
+                    .collect()
+            };
+            assert_eq!(
+                show(&m, &m.work),
+                show(&m, &reference),
+                "from {:?}",
+                show(&m, &work)
+            );
+        }
     }
 }

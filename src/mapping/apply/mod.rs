@@ -36,7 +36,7 @@ use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
 use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span, short_eq};
 use crate::wire::encode::{
-    NO_KEY, SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
+    SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
 };
 use crate::wire::held;
 use crate::wire::pb::put_varint_at;
@@ -62,9 +62,13 @@ pub struct Mapper {
     work: Vec<WorkLabel>,
     /// Scratch of [`Mapper::finish_labels`]' sort.
     work_sorted: Vec<WorkLabel>,
-    sort_keys: Vec<(u64, u32)>,
+    work_moved: Vec<WorkLabel>,
     out_series: Vec<OutSeries>,
     out_labels: Vec<WorkLabel>,
+    /// Each output series' labels, encoded as its `TimeSeries` holds them
+    /// ([`Mapper::encode_work_labels`]): hashed and compared for the merge index, and
+    /// copied into the output.
+    out_label_bytes: Vec<u8>,
     chunks: Vec<Chunk>,
     samples: Vec<SampleView>,
     exemplars: Vec<ExemplarOut>,
@@ -173,9 +177,10 @@ impl Mapper {
         held(&self.arena)
             + held(&self.work)
             + held(&self.work_sorted)
-            + held(&self.sort_keys)
+            + held(&self.work_moved)
             + held(&self.out_series)
             + held(&self.out_labels)
+            + held(&self.out_label_bytes)
             + held(&self.chunks)
             + held(&self.samples)
             + held(&self.exemplars)
@@ -560,6 +565,7 @@ impl Mapper {
                                     name: n,
                                     value: v,
                                     renamed: false,
+                                    added: true,
                                 });
                             }
                         }
@@ -636,6 +642,7 @@ impl Mapper {
                 name: Str::In(l.name),
                 value: Str::In(l.value),
                 renamed: false,
+                added: false,
             }));
     }
 

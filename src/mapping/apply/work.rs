@@ -16,12 +16,17 @@ pub(super) enum Str {
 pub(super) struct WorkLabel {
     pub(super) name: Str,
     pub(super) value: Str,
+    /// A step renamed it: it loses to a label already of its new name.
     pub(super) renamed: bool,
+    /// A step added it (after the input's labels, so it loses to one of its name).
+    pub(super) added: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OutSeries {
     pub(super) labels: Range32,
+    /// Its labels encoded, in [`Mapper::out_label_bytes`].
+    pub(super) label_bytes: Range32,
     /// Rank label to sum this physical series over (derive stage), if its plan says so.
     pub(super) rank_label: Option<Str>,
     pub(super) first_chunk: u32,
@@ -60,6 +65,7 @@ impl Mapper {
         self.work.clear();
         self.out_series.clear();
         self.out_labels.clear();
+        self.out_label_bytes.clear();
         self.chunks.clear();
         self.samples.clear();
         self.exemplars.clear();
