@@ -118,7 +118,7 @@ impl Mapper {
         s: &SeriesView,
         factor: Option<crate::mapping::number::Factor>,
         scale: Option<(crate::mapping::number::Factor, u16)>,
-        rank_label: Option<Str>,
+        tap: MergedTap,
     ) {
         let exemplar_factor = scale.map(|(f, _)| f);
         // Samples (rescaled when a factor applies; stale markers never touched).
@@ -192,8 +192,11 @@ impl Mapper {
             }
             cursor = o.next_same_hash;
         }
+        // Only the derive stage reads the labels as a list.
         let l_start = self.out_labels.len() as u32;
-        self.out_labels.extend_from_slice(&self.work);
+        if tap.tapped {
+            self.out_labels.extend_from_slice(&self.work);
+        }
         let id = self.out_series.len() as u32;
         self.out_series.push(OutSeries {
             labels: Range32 {
@@ -204,18 +207,13 @@ impl Mapper {
             first_chunk: chunk_id,
             last_chunk: chunk_id,
             next_same_hash: head,
-            rank_label,
+            rank_label: tap.rank_label,
+            tapped: tap.tapped,
         });
         self.index.insert(hash, id);
     }
 
-    pub(super) fn encode_merged(
-        &mut self,
-        buf: &[u8],
-        req: &DecodedRequest,
-        out: &mut Vec<u8>,
-        taps: &TapSet,
-    ) {
+    pub(super) fn encode_merged(&mut self, buf: &[u8], req: &DecodedRequest, out: &mut Vec<u8>) {
         for oi in 0..self.out_series.len() {
             let o = self.out_series[oi];
             // Straight into the output, no scratch copy.
@@ -237,13 +235,13 @@ impl Mapper {
                     w.histogram_raw(self.hist_bytes(h.bytes, buf));
                 }
                 self.stats.histograms_out += first.histograms.len() as u64;
-                if (!taps.is_empty() || o.rank_label.is_some()) && !first.samples.is_empty() {
-                    self.tap_merged(taps, buf, o, Some(first.samples));
+                if o.tapped && !first.samples.is_empty() {
+                    self.tap_merged(o, Some(first.samples));
                 }
             } else {
                 self.encode_chunks(&mut w, o.first_chunk, buf, req);
-                if (!taps.is_empty() || o.rank_label.is_some()) && !self.gather_samples.is_empty() {
-                    self.tap_merged(taps, buf, o, None);
+                if o.tapped && !self.gather_samples.is_empty() {
+                    self.tap_merged(o, None);
                 }
             }
             w.close();

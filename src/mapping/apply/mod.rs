@@ -34,7 +34,9 @@ use super::compile::{
 };
 use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
-use crate::wire::decode::{DecodedRequest, Range32, SampleView, SeriesView, Span, short_eq};
+use crate::wire::decode::{
+    DecodedRequest, Range32, SampleView, SeriesView, Span, is_metric_name, short_eq,
+};
 use crate::wire::encode::{
     SeriesWriter, label_key, write_metadata, write_raw_metadata, write_raw_series,
 };
@@ -105,6 +107,8 @@ pub struct Mapper {
     taps: Vec<Tapped>,
     tap_labels: Vec<(Str, Str)>,
     tap_samples: Vec<SampleView>,
+    /// The last name [`Mapper::is_tapped`] looked up in this request, and its answer.
+    tap_memo: Option<(Str, bool)>,
     counters_seen: Arc<AHashSet<Box<str>>>,
     counters_version: u64,
     total_fix_plans: NameCache<Arc<Plan>>,
@@ -261,7 +265,7 @@ impl Mapper {
             match resolution {
                 None => self.pass_through(out, buf, req, s, taps),
                 Some(Resolved::OutputName) => {
-                    self.apply(None, buf, req, s, false);
+                    self.apply(None, buf, req, s, false, taps);
                 }
                 Some(Resolved::Plan(plan)) => {
                     let Some(plan) = self.native_plan(plan, s) else {
@@ -272,7 +276,7 @@ impl Mapper {
                         self.pass_through(out, buf, req, s, taps);
                     }
                     let may_pass = plan.unchanged_may_pass() && self.can_write_as_is(s);
-                    match self.apply(Some(plan), buf, req, s, may_pass) {
+                    match self.apply(Some(plan), buf, req, s, may_pass, taps) {
                         Applied::Dropped => continue,
                         Applied::Merged => {}
                         Applied::Unchanged => self.write_as_is(out, buf, req, s, taps),
@@ -280,7 +284,7 @@ impl Mapper {
                     // A copy's plan repeats the series' steps: a series they drop has no
                     // copies (and its drop is counted once).
                     for c in &plan.copies {
-                        self.apply(Some(&c.plan), buf, req, s, false);
+                        self.apply(Some(&c.plan), buf, req, s, false, taps);
                     }
                 }
             }
@@ -296,7 +300,7 @@ impl Mapper {
         } else {
             self.flush_pending(out, buf);
         }
-        self.encode_merged(buf, req, out, taps);
+        self.encode_merged(buf, req, out);
         self.map_metadata(rules, buf, req, out, ctx.counters.is_some());
         if let Some(cf) = ctx.counters
             && !self.learnt.is_empty()
@@ -358,7 +362,7 @@ impl Mapper {
         if self.can_write_as_is(s) {
             self.write_as_is(out, buf, req, s, taps);
         } else {
-            self.apply(None, buf, req, s, false);
+            self.apply(None, buf, req, s, false, taps);
         }
     }
 
@@ -474,6 +478,7 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
         may_pass: bool,
+        taps: &TapSet,
     ) -> Applied {
         let mut built = false;
         let mut changed = false;
@@ -630,7 +635,22 @@ impl Mapper {
         // Bucket counts are counts: only `le` and exemplars change for `_bucket` series.
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
         let scale = scale.map(|(f, _)| (f, scale_pack));
-        self.insert(buf, req, s, value_factor, scale, rank_label);
+        // The derive stage reads it: it sums it over ranks, or its name is tapped.
+        let name = self
+            .work
+            .iter()
+            .find(|l| is_metric_name(self.str_bytes(l.name, buf)))
+            .map(|l| l.value);
+        let tapped = rank_label.is_some()
+            || (!taps.is_empty() && name.is_some_and(|n| self.is_tapped(taps, buf, n)));
+        self.insert(
+            buf,
+            req,
+            s,
+            value_factor,
+            scale,
+            MergedTap { rank_label, tapped },
+        );
         Applied::Merged
     }
 

@@ -1,6 +1,7 @@
 //! Taps: the output series the derive stage reads, recorded while the mapper writes them.
 
 use super::*;
+use crate::wire::decode::is_metric_name;
 
 /// The tap set of a pipeline without a derive stage.
 pub(super) static NO_TAPS: std::sync::LazyLock<TapSet> = std::sync::LazyLock::new(TapSet::default);
@@ -53,7 +54,7 @@ impl<'a> TappedSeries<'a> {
 
     pub fn name(&self) -> &'a [u8] {
         self.labels()
-            .find(|(n, _)| *n == b"__name__")
+            .find(|(n, _)| is_metric_name(n))
             .map(|(_, v)| v)
             .unwrap_or_default()
     }
@@ -87,7 +88,7 @@ impl Mapper {
         req: &DecodedRequest,
         s: &SeriesView,
     ) {
-        if taps.is_empty() || s.samples.is_empty() || !taps.contains(s.name.bytes(buf)) {
+        if taps.is_empty() || s.samples.is_empty() || !self.is_tapped(taps, buf, Str::In(s.name)) {
             return;
         }
         let l_start = self.tap_labels.len() as u32;
@@ -98,6 +99,20 @@ impl Mapper {
         self.tap_samples
             .extend_from_slice(&req.samples[s.samples.usize()]);
         self.close_tap(l_start, s_start, None);
+    }
+
+    /// Whether series named `name` are tapped. A family's series come one after another:
+    /// the answer for the previous name is reused, no hash of the name.
+    #[inline]
+    pub(super) fn is_tapped(&mut self, taps: &TapSet, buf: &[u8], name: Str) -> bool {
+        if let Some((prev, tapped)) = self.tap_memo
+            && short_eq(self.str_bytes(prev, buf), self.str_bytes(name, buf))
+        {
+            return tapped;
+        }
+        let tapped = taps.contains(self.str_bytes(name, buf));
+        self.tap_memo = Some((name, tapped));
+        tapped
     }
 
     /// Records the tap whose labels and samples were appended from these offsets on.
@@ -115,27 +130,10 @@ impl Mapper {
         });
     }
 
-    /// Records a merged output series if the derive stage wants it, with the samples
-    /// just written for it: `samples` of one chunk, or (`None`) the gathered ones.
-    pub(super) fn tap_merged(
-        &mut self,
-        taps: &TapSet,
-        buf: &[u8],
-        o: OutSeries,
-        samples: Option<Range32>,
-    ) {
-        if o.rank_label.is_none() {
-            let out_labels = &self.out_labels[o.labels.usize()];
-            let Some(name) = out_labels
-                .iter()
-                .find(|l| self.str_bytes(l.name, buf) == b"__name__")
-            else {
-                return;
-            };
-            if !taps.contains(self.str_bytes(name.value, buf)) {
-                return;
-            }
-        }
+    /// Records a merged output series the derive stage reads ([`OutSeries::tapped`]),
+    /// with the samples just written for it: `samples` of one chunk, or (`None`) the
+    /// gathered ones.
+    pub(super) fn tap_merged(&mut self, o: OutSeries, samples: Option<Range32>) {
         let l_start = self.tap_labels.len() as u32;
         for i in o.labels.usize() {
             let l = self.out_labels[i];

@@ -29,9 +29,19 @@ pub(super) struct OutSeries {
     pub(super) label_bytes: Range32,
     /// Rank label to sum this physical series over (derive stage), if its plan says so.
     pub(super) rank_label: Option<Str>,
+    /// The derive stage reads it (see [`MergedTap`]); `labels` are kept only then.
+    pub(super) tapped: bool,
     pub(super) first_chunk: u32,
     pub(super) last_chunk: u32,
     pub(super) next_same_hash: u32,
+}
+
+/// Whether the derive stage reads a merged output series: `tapped` when it sums it over
+/// ranks (`rank_label`) or its name is tapped.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MergedTap {
+    pub(super) rank_label: Option<Str>,
+    pub(super) tapped: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +87,7 @@ impl Mapper {
         self.taps.clear();
         self.tap_labels.clear();
         self.tap_samples.clear();
+        self.tap_memo = None;
         self.stats.reset(rules.reasons().len(), rules.packs().len());
     }
 
