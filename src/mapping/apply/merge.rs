@@ -52,7 +52,7 @@ impl Mapper {
             {
                 continue;
             }
-            kept.insert(at + 0, *m);
+            kept.insert(at, *m);
         }
         self.work_sorted = work;
         self.work_moved = moved;
