@@ -26,37 +26,31 @@ impl Mapper {
         // (name, renamed) over the work order with the first of a name kept, which is
         // the rule (an input label beats one renamed or added onto its name; of two
         // moved onto one name, the first in that order).
-        let mut kept = std::mem::take(&mut self.work_sorted);
         let mut moved = std::mem::take(&mut self.work_moved);
-        kept.clear();
         moved.clear();
-        for l in &work {
-            if l.renamed || l.added {
-                moved.push(*l);
-            } else {
-                kept.push(*l);
+        moved.extend(work.iter().filter(|l| l.renamed || l.added).copied());
+        if !moved.is_empty() {
+            work.retain(|l| !(l.renamed || l.added));
+            if moved.len() > 1 {
+                moved.sort_by(|a, b| {
+                    name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
+                        .then(a.renamed.cmp(&b.renamed))
+                });
+            }
+            for m in &moved {
+                let name = self.str_bytes(m.name, buf);
+                let at = work.partition_point(|k| name_less(self.str_bytes(k.name, buf), name));
+                if work
+                    .get(at)
+                    .is_some_and(|k| short_eq(self.str_bytes(k.name, buf), name))
+                {
+                    continue;
+                }
+                work.insert(at, *m);
             }
         }
-        if moved.len() > 1 {
-            moved.sort_by(|a, b| {
-                name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
-                    .then(a.renamed.cmp(&b.renamed))
-            });
-        }
-        for m in &moved {
-            let name = self.str_bytes(m.name, buf);
-            let at = kept.partition_point(|k| name_less(self.str_bytes(k.name, buf), name));
-            if kept
-                .get(at)
-                .is_some_and(|k| short_eq(self.str_bytes(k.name, buf), name))
-            {
-                continue;
-            }
-            kept.insert(at, *m);
-        }
-        self.work_sorted = work;
         self.work_moved = moved;
-        self.work = kept;
+        self.work = work;
     }
 
     /// Appends the labels in `work` to [`Mapper::out_label_bytes`] encoded exactly as

@@ -62,8 +62,7 @@ pub struct MapContext<'a> {
 pub struct Mapper {
     arena: Vec<u8>,
     work: Vec<WorkLabel>,
-    /// Scratch of [`Mapper::finish_labels`]' sort.
-    work_sorted: Vec<WorkLabel>,
+    /// Scratch of [`Mapper::finish_labels`]: the labels a step renamed or added.
     work_moved: Vec<WorkLabel>,
     out_series: Vec<OutSeries>,
     out_labels: Vec<WorkLabel>,
@@ -180,7 +179,6 @@ impl Mapper {
     pub fn retained_bytes(&self) -> usize {
         held(&self.arena)
             + held(&self.work)
-            + held(&self.work_sorted)
             + held(&self.work_moved)
             + held(&self.out_series)
             + held(&self.out_labels)
