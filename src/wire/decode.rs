@@ -552,54 +552,39 @@ impl DecodedRequest {
         end: usize,
         limits: &DecodeLimits,
     ) -> Option<Span> {
-        let msg = buf.get(start..end)?;
+        // Positions are the buffer's, `start..end`: spans need no offset added.
+        let msg = buf.get(..end)?;
         let first_label = self.labels.len();
-        let mut p = 0usize;
-        let mut name: Option<Span> = None;
-        let mut prev_name: &[u8] = &[];
-        // A short label's value is under 128 bytes: under the usual limit (64 KiB) none
-        // needs its length checked.
-        let check_values = limits.max_label_value_bytes < 128;
-        // Label: 0x0a LEN 0x0a NL name 0x12 VL value, LEN = 4 + NL + VL.
-        while msg.get(p) == Some(&0x0a) {
-            let label = short_label_at(msg, p)?;
-            let (name_at, value_at) = (label.name.clone(), label.value.clone());
-            let label_name = &msg[name_at.clone()];
-            // Non-empty name and value; strictly ascending names: sorted, no name twice.
-            if name_at.is_empty() || value_at.is_empty() || !name_less(prev_name, label_name) {
-                return None;
-            }
-            let value = Span::new(start + value_at.start, start + value_at.end);
-            if is_metric_name(label_name) {
-                name = Some(value);
-            }
-            if check_values && value_at.len() > limits.max_label_value_bytes {
-                return None;
-            }
-            self.labels.push(LabelSpan {
-                name: Span::new(start + name_at.start, start + name_at.end),
-                value,
-            });
-            prev_name = label_name;
-            p = value_at.end;
-        }
-        if p == 0
-            || self.labels.len() - first_label > limits.max_labels_per_series
-            || !all_ascii(&msg[..p])
+        let labels = &mut self.labels;
+        let (mut p, wrong) = short_labels(labels, msg, start)?;
+        let ours = &labels[first_label..];
+        if wrong
+            || p == start
+            || ours.len() > limits.max_labels_per_series
+            || !all_ascii(&msg[start..p])
+            // A short label's value is under 128 bytes: under the usual limit (64 KiB)
+            // none is too long.
+            || (limits.max_label_value_bytes < 128
+                && ours.iter().any(|l| l.value.len() > limits.max_label_value_bytes))
         {
             return None;
         }
-        if !self.room_for_usual_samples(msg.len() - p) {
+        // `__name__` sorts before every lowercase name: nearly always the first label.
+        let name = ours
+            .iter()
+            .find(|l| is_metric_name(l.name.bytes(buf)))
+            .map(|l| l.value);
+        if !self.room_for_usual_samples(end - p) {
             return None;
         }
         // Sample: 0x12 LEN (value, timestamp).
-        while p < msg.len() {
+        while p < end {
             let head = msg.get(p..p + 2)?;
             let len = head[1] as usize;
-            if head[0] != 0x12 || len >= 0x80 || p + 2 + len > msg.len() {
+            if head[0] != 0x12 || len >= 0x80 || p + 2 + len > end {
                 return None;
             }
-            let sample = sample_in_usual_shape(buf, start + p + 2, start + p + 2 + len)?;
+            let sample = sample_in_usual_shape(buf, p + 2, p + 2 + len)?;
             self.samples.push(sample);
             p += 2 + len;
         }
@@ -761,6 +746,32 @@ impl DecodedRequest {
         self.metadata.push(md);
         Ok(())
     }
+}
+
+/// The labels in the shape every sender writes ([`short_label_at`]) from `msg[p..]` on,
+/// pushed to `labels` as spans of `msg`: where they end, and whether a check that does
+/// not decide where the next label starts failed (names strictly ascending: sorted, none
+/// twice, none empty, as an empty name is never greater than the one before; values not
+/// empty). Those checks are folded into one flag for the caller to test once: fewer
+/// branches and live values in the loop, which has a function of its own so that its
+/// values stay in registers. `None`: a label in another shape.
+#[inline(never)]
+fn short_labels(labels: &mut Vec<LabelSpan>, msg: &[u8], mut p: usize) -> Option<(usize, bool)> {
+    let mut prev_name: &[u8] = &[];
+    let mut wrong = false;
+    // Label: 0x0a LEN 0x0a NL name 0x12 VL value, LEN = 4 + NL + VL.
+    while msg.get(p) == Some(&0x0a) {
+        let label = short_label_at(msg, p)?;
+        let label_name = &msg[label.name.clone()];
+        wrong |= label.value.is_empty() | !name_less(prev_name, label_name);
+        labels.push(LabelSpan {
+            name: Span::new(label.name.start, label.name.end),
+            value: Span::new(label.value.start, label.value.end),
+        });
+        prev_name = label_name;
+        p = label.value.end;
+    }
+    Some((p, wrong))
 }
 
 /// A `Label` field at `msg[p..]` in the shape every sender writes: key 0x0a, a length,
@@ -1412,6 +1423,54 @@ mod tests {
         let mut d = DecodedRequest::default();
         let err = d.decode(&body, DecodeLimits::default()).unwrap_err();
         assert!(matches!(err, DecodeError::ViewTooLarge { .. }), "{err}");
+    }
+
+    /// Series in the shape the fast path reads but breaking a rule it checks after its
+    /// loop (an empty value, names out of order, a name twice, an empty name) go to the
+    /// general decoder: not canonical, sorted, or refused, as that decoder decides.
+    #[test]
+    fn short_labels_breaking_a_rule_are_left_to_the_general_decoder() {
+        // Every label as 0x0a LEN 0x0a NL name 0x12 VL value, whatever its lengths.
+        fn series(labels: &[(&str, &str)]) -> Vec<u8> {
+            let mut ts = Vec::new();
+            for (n, v) in labels {
+                ts.extend([0x0a, (4 + n.len() + v.len()) as u8, 0x0a, n.len() as u8]);
+                ts.extend(n.as_bytes());
+                ts.extend([0x12, v.len() as u8]);
+                ts.extend(v.as_bytes());
+            }
+            ts.extend([0x12, 11, 0x09, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0x10, 1]);
+            let mut body = vec![0x0a, ts.len() as u8];
+            body.extend(ts);
+            body
+        }
+        let decode = |labels: &[(&str, &str)]| {
+            let mut d = DecodedRequest::default();
+            d.decode(&series(labels), DecodeLimits::default())
+                .map(|()| {
+                    let s = d.series[0];
+                    let names: Vec<String> = d.labels[s.labels.usize()]
+                        .iter()
+                        .map(|l| l.name.str(&series(labels)).to_owned())
+                        .collect();
+                    (s.canonical, names)
+                })
+        };
+        let (canonical, _) = decode(&[("__name__", "up"), ("job", "a")]).unwrap();
+        assert!(canonical, "the usual shape");
+        let (canonical, _) = decode(&[("__name__", "up"), ("job", "")]).unwrap();
+        assert!(!canonical, "an empty value");
+        let (canonical, names) = decode(&[("__name__", "up"), ("b", "1"), ("a", "2")]).unwrap();
+        assert!(!canonical, "names out of order");
+        assert_eq!(names, ["__name__", "a", "b"]);
+        assert!(matches!(
+            decode(&[("__name__", "up"), ("a", "1"), ("a", "2")]),
+            Err(DecodeError::DuplicateLabel(_))
+        ));
+        assert!(matches!(
+            decode(&[("", "x"), ("__name__", "up")]),
+            Err(DecodeError::EmptyLabelName)
+        ));
     }
 
     #[test]
