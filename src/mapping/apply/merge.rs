@@ -31,6 +31,13 @@ impl Mapper {
         moved.extend(work.iter().filter(|l| l.renamed || l.added).copied());
         if !moved.is_empty() {
             work.retain(|l| !(l.renamed || l.added));
+            debug_assert!(
+                work.windows(2).all(|w| name_less(
+                    self.str_bytes(w[0].name, buf),
+                    self.str_bytes(w[1].name, buf)
+                )),
+                "a step changed a name without marking it renamed or added"
+            );
             if moved.len() > 1 {
                 moved.sort_by(|a, b| {
                     name_cmp(self.str_bytes(a.name, buf), self.str_bytes(b.name, buf))
@@ -70,7 +77,7 @@ impl Mapper {
                 _ => None,
             };
             match (at, &mut run) {
-                (Some((start, end)), Some((_, run_end))) if *run_end == start => *run_end = end,
+                (Some((from, to)), Some((_, run_end))) if *run_end == from => *run_end = to,
                 (Some(span), _) => {
                     if let Some((a, b)) = run.replace(span) {
                         out.extend_from_slice(&buf[a..b]);

@@ -634,13 +634,14 @@ impl Mapper {
         let value_factor = scale.and_then(|(f, t)| (t == ScaleTarget::Value).then_some(f));
         let scale = scale.map(|(f, _)| (f, scale_pack));
         // The derive stage reads it: it sums it over ranks, or its name is tapped.
-        let name = self
-            .work
-            .iter()
-            .find(|l| is_metric_name(self.str_bytes(l.name, buf)))
-            .map(|l| l.value);
         let tapped = rank_label.is_some()
-            || (!taps.is_empty() && name.is_some_and(|n| self.is_tapped(taps, buf, n)));
+            || (!taps.is_empty()
+                && self
+                    .work
+                    .iter()
+                    .find(|l| is_metric_name(self.str_bytes(l.name, buf)))
+                    .map(|l| l.value)
+                    .is_some_and(|n| self.is_tapped(taps, buf, n)));
         self.insert(
             buf,
             req,
