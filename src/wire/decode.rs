@@ -1445,16 +1445,16 @@ mod tests {
             body
         }
         let decode = |labels: &[(&str, &str)]| {
+            let body = series(labels);
             let mut d = DecodedRequest::default();
-            d.decode(&series(labels), DecodeLimits::default())
-                .map(|()| {
-                    let s = d.series[0];
-                    let names: Vec<String> = d.labels[s.labels.usize()]
-                        .iter()
-                        .map(|l| l.name.str(&series(labels)).to_owned())
-                        .collect();
-                    (s.canonical, names)
-                })
+            d.decode(&body, DecodeLimits::default()).map(|()| {
+                let s = d.series[0];
+                let names: Vec<String> = d.labels[s.labels.usize()]
+                    .iter()
+                    .map(|l| l.name.str(&body).to_owned())
+                    .collect();
+                (s.canonical, names)
+            })
         };
         let (canonical, _) = decode(&[("__name__", "up"), ("job", "a")]).unwrap();
         assert!(canonical, "the usual shape");

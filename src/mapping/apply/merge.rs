@@ -311,6 +311,7 @@ impl Mapper {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::pb::varint_len;
 
     fn label(m: &mut Mapper, name: &str, value: &str) -> WorkLabel {
         WorkLabel {
@@ -337,8 +338,8 @@ mod tests {
             let v = if i == 5 { "x".repeat(200) } else { v.clone() };
             let at = input.len();
             write_series_label(&mut input, n.as_bytes(), v.as_bytes());
-            // Key, length (two bytes past 127), the name's key and length.
-            let name_at = at + if n.len() + v.len() + 5 < 128 { 4 } else { 5 };
+            // The label's key and length, then the name's key and one-byte length.
+            let name_at = at + 1 + varint_len((4 + n.len() + v.len()) as u64) + 2;
             let value_end = input.len();
             spans.push((
                 Span::new(name_at, name_at + n.len()),
