@@ -8,6 +8,7 @@
 //! lookup converts nothing to `str`.
 
 use ahash::AHashMap;
+use std::collections::hash_map::Entry;
 
 /// Names a cache holds at most before it starts over (unless it says another limit).
 pub const NAME_CACHE_LIMIT: usize = 100_000;
@@ -59,16 +60,29 @@ impl<V: Clone, const LIMIT: usize> NameCache<V, LIMIT> {
     /// Caches `value` for `name`; a full cache starts over first. A name longer than
     /// [`NAME_CACHE_MAX_KEY`] is not cached.
     pub fn insert(&mut self, name: &[u8], value: V) {
+        let _ = self.insert_and_get(name, value);
+    }
+
+    /// Caches `value` for `name` ([`NameCache::insert`]) and returns the cached value,
+    /// or gives `value` back when `name` is too long to be cached.
+    pub fn insert_and_get(&mut self, name: &[u8], value: V) -> Result<&V, V> {
         if name.len() > NAME_CACHE_MAX_KEY {
-            return;
+            return Err(value);
         }
         let cost = name.len() + ENTRY_OVERHEAD;
         if self.map.len() >= LIMIT || self.bytes + cost > NAME_CACHE_BYTES {
             self.clear();
         }
-        if self.map.insert(name.into(), value).is_none() {
-            self.bytes += cost;
-        }
+        Ok(match self.map.entry(name.into()) {
+            Entry::Occupied(mut o) => {
+                o.insert(value);
+                o.into_mut()
+            }
+            Entry::Vacant(v) => {
+                self.bytes += cost;
+                v.insert(value)
+            }
+        })
     }
 
     /// Forgets every name (keeps the table's memory).
@@ -112,6 +126,24 @@ mod tests {
         assert_eq!(c.get_or_insert_with(b"a", || 99), 0, "cached");
         assert_eq!(c.get_or_insert_with(b"d", || 7), 7);
         assert_eq!(c.len(), 1, "started over instead of growing");
+    }
+
+    #[test]
+    fn insert_and_get_returns_what_it_cached_or_gives_a_long_name_back() {
+        let mut c: NameCache<u32, 2> = NameCache::default();
+        assert_eq!(c.insert_and_get(b"a", 1), Ok(&1));
+        assert_eq!(c.insert_and_get(b"a", 2), Ok(&2), "replaced, counted once");
+        assert_eq!(c.bytes(), 1 + ENTRY_OVERHEAD);
+        let long = vec![b'x'; NAME_CACHE_MAX_KEY + 1];
+        assert_eq!(c.insert_and_get(&long, 3), Err(3));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.insert_and_get(b"b", 4), Ok(&4));
+        assert_eq!(
+            c.insert_and_get(b"c", 5),
+            Ok(&5),
+            "started over at the limit"
+        );
+        assert_eq!((c.len(), c.get(b"a")), (1, None));
     }
 
     #[test]

@@ -1168,6 +1168,43 @@ fn names_too_long_to_cache_still_get_their_rules() {
             got[0].labels.iter().map(|l| &l.name).collect::<Vec<_>>()
         );
     }
+    // Long names beside cached ones in one request: each series gets its own name's
+    // resolution, whichever came before it.
+    let long2 = format!("DCGM_FI_OTHER_{}", "y".repeat(2_000));
+    let names = [
+        &long,
+        &long,
+        "DCGM_FI_DEV_FB_USED",
+        &long2,
+        "unrelated_metric",
+        &long,
+    ];
+    let req = pb::WriteRequest {
+        timeseries: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                series(
+                    &[("__name__", n), ("Hostname", &format!("h{i}"))],
+                    &[(1.0, 9)],
+                )
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    let out = run_pooled(&p, &req);
+    assert_eq!(find(&out, &long).len(), 3);
+    assert_eq!(find(&out, &long2).len(), 1);
+    assert_eq!(find(&out, "DCGM_FI_DEV_FB_USED_bytes").len(), 1);
+    for t in &out.timeseries {
+        let renamed = name_of(t) != "unrelated_metric";
+        assert_eq!(
+            t.labels.iter().any(|l| l.name == "hostname"),
+            renamed,
+            "{}",
+            name_of(t).chars().take(30).collect::<String>()
+        );
+    }
 }
 
 /// Every rename and family of the built-in packs gets a slot of its own: the byte bound

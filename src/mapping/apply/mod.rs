@@ -243,16 +243,36 @@ impl Mapper {
         }
         // Senders write a family's series one after another (a scrape's order): a series
         // named like the one before reuses its resolution, no hash, no lookup. It is
-        // borrowed, not cloned: a plan's `Arc` shared by every worker, its count raised
-        // and lowered per series, would bounce one cache line between the cores.
-        let mut last: Option<(&[u8], Option<Resolved>)> = None;
+        // borrowed from the name cache, which is taken out of the mapper for the loop, not
+        // cloned: a plan's `Arc` shared by every worker, its count raised and lowered per
+        // name, would bounce one cache line between the cores (and costs two locked
+        // instructions even on one).
+        let mut names = std::mem::take(&mut self.resolved);
+        let mut uncached: Option<Resolved>;
+        let mut last: Option<(&[u8], Option<&Resolved>)> = None;
         let mut fixed: Option<Resolved>;
         for s in &req.series {
             let name_bytes = s.name.bytes(buf);
             if !matches!(&last, Some((prev, _)) if short_eq(prev, name_bytes)) {
-                last = Some((name_bytes, self.resolve(rules, name_bytes)));
+                // One hash lookup when the name is cached (a match, not a function that
+                // returns the borrow, which the borrow checker would hold over the miss).
+                let r = match names.get(name_bytes) {
+                    Some(r) => r.as_ref(),
+                    None => {
+                        let name = std::str::from_utf8(name_bytes).unwrap_or("");
+                        let r = self.resolve_uncached(rules, name);
+                        match names.insert_and_get(name_bytes, r) {
+                            Ok(cached) => cached.as_ref(),
+                            Err(not_cached) => {
+                                uncached = not_cached;
+                                uncached.as_ref()
+                            }
+                        }
+                    }
+                };
+                last = Some((name_bytes, r));
             }
-            let resolved = last.as_ref().and_then(|(_, r)| r.as_ref());
+            let resolved = last.and_then(|(_, r)| r);
             let resolution = match resolved {
                 None if ctx.counters.is_some() => {
                     fixed = self.series_total_fix(s, buf);
@@ -287,6 +307,7 @@ impl Mapper {
                 }
             }
         }
+        self.resolved = names;
         // Every byte of the input is in the one run of series written as they came:
         // nothing was dropped, merged or rebuilt, and the request holds nothing else.
         let same = out.is_empty()
@@ -438,18 +459,9 @@ impl Mapper {
         }
     }
 
-    /// What the rules do with series named `name`: memoised per name.
-    /// The resolution of the series name `name` (its bytes as they stand in the request:
-    /// a warm lookup converts nothing; decoding checked them UTF-8).
-    fn resolve(&mut self, rules: &Rules, name: &[u8]) -> Option<Resolved> {
-        if let Some(r) = self.resolved.get(name) {
-            return r.clone();
-        }
-        let r = self.resolve_uncached(rules, std::str::from_utf8(name).unwrap_or(""));
-        self.resolved.insert(name, r.clone());
-        r
-    }
-
+    /// What the rules do with series named `name`, computed (the caller memoises it per
+    /// name in `resolved`, keyed by the name's bytes as they stand in the request: a warm
+    /// lookup converts nothing; decoding checked them UTF-8).
     fn resolve_uncached(&mut self, rules: &Rules, name: &str) -> Option<Resolved> {
         match rules.lookup(name) {
             Some(Resolution::Plan(p)) => return Some(Resolved::Plan(p.clone())),
