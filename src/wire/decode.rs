@@ -111,6 +111,10 @@ pub struct SeriesView {
     /// Labels arrived sorted, unique and without empty values (1.0 or 2.0): a series no
     /// rule touches can be written from the view as it is.
     pub labels_in_order: bool,
+    /// Every label stands in the input encoded exactly as [`super::encode::SeriesWriter::label`]
+    /// writes it (a 1.0 series read by the one-pass decoder: every length one byte,
+    /// name and value non-empty): a label's bytes are `name.start - 4 .. value.end`.
+    pub labels_encoded: bool,
     /// The metric type of the series' own 2.0 metadata (`MetricMetadata` numbering);
     /// 0 when unknown, always for 1.0 input.
     pub metric_type: u8,
@@ -512,6 +516,10 @@ impl DecodedRequest {
             true,
             0,
         );
+        if let Some(s) = self.series.last_mut() {
+            // `short_labels` took every label in `short_label_at`'s shape, non-empty.
+            s.labels_encoded = true;
+        }
         true
     }
 
@@ -666,6 +674,7 @@ impl DecodedRequest {
             name,
             canonical,
             labels_in_order: canonical,
+            labels_encoded: false,
             metric_type,
             samples_raw: Span::default(),
         });

@@ -65,15 +65,23 @@ impl Mapper {
     /// equal bytes: the encoding is a function of the names and values, and the work
     /// area is in output order), and returns where they stand. Labels of a 1.0 input
     /// that stand encoded so in it are copied from it, neighbours in one copy (most of
-    /// a series' labels are one run of the input); the others are encoded.
-    pub(super) fn encode_work_labels(&mut self, buf: &[u8], v2: bool) -> Range32 {
+    /// a series' labels are one run of the input); the others are encoded. `input`
+    /// says how the series' labels stand in the input.
+    pub(super) fn encode_work_labels(&mut self, buf: &[u8], input: InputLabels) -> Range32 {
         let mut out = std::mem::take(&mut self.out_label_bytes);
         let start = out.len();
         let mut run: Option<(usize, usize)> = None;
         for l in &self.work {
-            // A 2.0 request's labels are symbols: none stands encoded as a `Label`.
-            let at = match (l.name, l.value) {
-                (Str::In(n), Str::In(v)) if !v2 => encoded_label_at(buf, n, v),
+            // A work label whose name and value are both spans of the input is one of
+            // the series' own labels as it came (`build_work`; steps write new names and
+            // values to the arena).
+            let at = match (l.name, l.value, input) {
+                (Str::In(n), Str::In(v), InputLabels::Encoded) => {
+                    let at = n.start.checked_sub(4).map(|a| (a as usize, v.end as usize));
+                    debug_assert_eq!(at, encoded_label_at(buf, n, v));
+                    at
+                }
+                (Str::In(n), Str::In(v), InputLabels::Check) => encoded_label_at(buf, n, v),
                 _ => None,
             };
             match (at, &mut run) {
@@ -177,7 +185,7 @@ impl Mapper {
         let chunk_id = self.chunks.len() as u32;
         self.chunks.push(chunk);
 
-        let label_bytes = self.encode_work_labels(buf, req.v2);
+        let label_bytes = self.encode_work_labels(buf, InputLabels::of(req, s));
         let hash = self.label_hash(label_bytes);
         let mut cursor = self.index.get(&hash).copied().unwrap_or(NONE);
         let head = cursor;
@@ -308,6 +316,30 @@ impl Mapper {
     }
 }
 
+/// How a series' labels stand in the input, for [`Mapper::encode_work_labels`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum InputLabels {
+    /// 2.0: symbols, none stands encoded as a `Label`.
+    Symbols,
+    /// 1.0: each may stand encoded as `SeriesWriter::label` writes it; checked per label.
+    Check,
+    /// 1.0 read by the one-pass decoder: every one does
+    /// ([`crate::wire::decode::SeriesView::labels_encoded`]).
+    Encoded,
+}
+
+impl InputLabels {
+    pub(super) fn of(req: &DecodedRequest, s: &SeriesView) -> InputLabels {
+        if req.v2 {
+            InputLabels::Symbols
+        } else if s.labels_encoded {
+            InputLabels::Encoded
+        } else {
+            InputLabels::Check
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +351,55 @@ mod tests {
             value: m.intern(value.as_bytes()),
             renamed: false,
             added: false,
+        }
+    }
+
+    /// A 1.0 series read by the one-pass decoder is marked `labels_encoded`, and its
+    /// labels copied on that word are the bytes a fresh encoding writes, as are those of
+    /// series the general decoder reads (a long value, unsorted labels), checked label by
+    /// label.
+    #[test]
+    fn labels_known_encoded_copy_as_a_fresh_encoding_writes_them() {
+        use crate::wire::decode::{DecodeLimits, DecodedRequest};
+        use crate::wire::proto::prometheus as pb;
+        use prost::Message;
+        let series = |labels: &[(&str, &str)]| pb::TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(n, v)| pb::Label {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            samples: vec![pb::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            ..Default::default()
+        };
+        let long = "v".repeat(200);
+        let body = pb::WriteRequest {
+            timeseries: vec![
+                series(&[("__name__", "up"), ("instance", "a:1"), ("job", "j")]),
+                series(&[("__name__", "up"), ("instance", &long), ("job", "j")]),
+                series(&[("job", "j"), ("__name__", "up"), ("instance", "a:2")]),
+            ],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mut req = DecodedRequest::default();
+        req.decode(&body, DecodeLimits::default()).unwrap();
+        let marked: Vec<bool> = req.series.iter().map(|s| s.labels_encoded).collect();
+        assert_eq!(marked, [true, false, false]);
+        let mut m = Mapper::new();
+        for s in &req.series {
+            m.build_work(&req, s);
+            let known = m.encode_work_labels(&body, InputLabels::of(&req, s));
+            let checked = m.encode_work_labels(&body, InputLabels::Check);
+            let fresh = m.encode_work_labels(&body, InputLabels::Symbols);
+            let bytes = |r: Range32| m.out_label_bytes[r.usize()].to_vec();
+            assert_eq!(bytes(known), bytes(fresh));
+            assert_eq!(bytes(checked), bytes(fresh));
         }
     }
 
@@ -362,14 +443,14 @@ mod tests {
                 added: false,
             })
             .collect();
-        let from_input = m.encode_work_labels(&input, false);
+        let from_input = m.encode_work_labels(&input, InputLabels::Check);
         assert_eq!(&m.out_label_bytes[from_input.usize()], &expected[..]);
         m.work = pairs
             .iter()
             .zip(&spans)
             .map(|((n, _), (_, _, v))| label(&mut m, n, v))
             .collect();
-        let from_arena = m.encode_work_labels(&input, false);
+        let from_arena = m.encode_work_labels(&input, InputLabels::Check);
         assert_eq!(&m.out_label_bytes[from_arena.usize()], &expected[..]);
         let key = m.label_hash(from_input);
         assert_eq!(m.label_hash(from_arena), key);
@@ -377,14 +458,14 @@ mod tests {
         for (a, b) in [(0, 64), (1, 65), (3, 128), (0, 1)] {
             m.work = all.clone();
             m.work.swap(a, b);
-            let swapped = m.encode_work_labels(&input, false);
+            let swapped = m.encode_work_labels(&input, InputLabels::Check);
             assert_ne!(m.label_hash(swapped), key, "labels {a} and {b} swapped");
         }
         m.work = all[..64].to_vec();
         m.work.push(all[100]);
-        let once = m.encode_work_labels(&input, false);
+        let once = m.encode_work_labels(&input, InputLabels::Check);
         m.work.push(all[100]);
-        let twice = m.encode_work_labels(&input, false);
+        let twice = m.encode_work_labels(&input, InputLabels::Check);
         assert_ne!(m.label_hash(once), m.label_hash(twice));
     }
 
