@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::wire::decode::{name_cmp, name_less, short_eq};
-use crate::wire::encode::{encoded_label_at, write_series_label};
+use crate::wire::encode::{LabelKey, NO_KEY, encoded_label_at, label_key, write_series_label};
 
 impl Mapper {
     /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
@@ -68,6 +68,9 @@ impl Mapper {
     /// a series' labels are one run of the input); the others are encoded. `input`
     /// says how the series' labels stand in the input.
     pub(super) fn encode_work_labels(&mut self, buf: &[u8], input: InputLabels) -> Range32 {
+        if input == InputLabels::Symbols {
+            return self.encode_symbol_labels(buf);
+        }
         let mut out = std::mem::take(&mut self.out_label_bytes);
         let start = out.len();
         let mut run: Option<(usize, usize)> = None;
@@ -111,6 +114,73 @@ impl Mapper {
         Range32 {
             start: start as u32,
             end: end as u32,
+        }
+    }
+
+    /// [`Mapper::encode_work_labels`] for a 2.0 request, whose labels stand nowhere
+    /// encoded: a label that is the same symbols at the same position as in the label
+    /// set encoded just before is copied from that set's encoding (consecutive series
+    /// mostly share all but one or two labels), neighbours in one copy; the others are
+    /// encoded.
+    fn encode_symbol_labels(&mut self, buf: &[u8]) -> Range32 {
+        let mut out = std::mem::take(&mut self.out_label_bytes);
+        let memo = &mut self.set_memo;
+        let start = out.len();
+        if start < memo.end {
+            // The set before was merged into an earlier one and cut off.
+            memo.prev.clear();
+        }
+        let base = memo.at;
+        let (prev, cur) = (&memo.prev, &mut memo.cur);
+        cur.clear();
+        // A run of labels copied from the set before, as positions in `out`.
+        let mut run: Option<(usize, usize)> = None;
+        let mut from = 0usize;
+        let mut written = 0usize;
+        for (k, l) in self.work.iter().enumerate() {
+            let key = match (l.name, l.value) {
+                (Str::In(n), Str::In(v)) => label_key(n, v),
+                _ => NO_KEY,
+            };
+            match prev.get(k) {
+                Some(&(seen, to)) if seen == key && key != NO_KEY => {
+                    let (a, b) = (base + from, base + to as usize);
+                    match &mut run {
+                        Some((_, run_end)) if *run_end == a => *run_end = b,
+                        _ => {
+                            if let Some((x, y)) = run.replace((a, b)) {
+                                out.extend_from_within(x..y);
+                            }
+                        }
+                    }
+                    written += b - a;
+                }
+                _ => {
+                    if let Some((x, y)) = run.take() {
+                        out.extend_from_within(x..y);
+                    }
+                    let bytes = |s: Str| match s {
+                        Str::In(span) => span.bytes(buf),
+                        Str::Arena(a, b) => &self.arena[a as usize..b as usize],
+                    };
+                    write_series_label(&mut out, bytes(l.name), bytes(l.value));
+                    written = out.len() - start;
+                }
+            }
+            // Where the set before's label k + 1 starts.
+            from = prev.get(k).map_or(0, |&(_, to)| to as usize);
+            cur.push((key, written as u32));
+        }
+        if let Some((x, y)) = run {
+            out.extend_from_within(x..y);
+        }
+        std::mem::swap(&mut memo.prev, &mut memo.cur);
+        memo.at = start;
+        memo.end = out.len();
+        self.out_label_bytes = out;
+        Range32 {
+            start: start as u32,
+            end: self.out_label_bytes.len() as u32,
         }
     }
 
@@ -316,6 +386,32 @@ impl Mapper {
     }
 }
 
+/// The label set [`Mapper::encode_symbol_labels`] encoded last: each label's key (spans
+/// of the request, [`NO_KEY`] for the arena's strings, which no other label shares) and
+/// the end of its encoding relative to `at`, where the set starts in
+/// [`Mapper::out_label_bytes`]. The bytes grow only by these sets and are cut only by a
+/// set merged away, the last one: shorter than `end`, they no longer hold it.
+#[derive(Default)]
+pub(super) struct SetMemo {
+    prev: Vec<(LabelKey, u32)>,
+    cur: Vec<(LabelKey, u32)>,
+    at: usize,
+    end: usize,
+}
+
+impl SetMemo {
+    pub(super) fn clear(&mut self) {
+        self.prev.clear();
+        self.cur.clear();
+        self.at = 0;
+        self.end = 0;
+    }
+
+    pub(super) fn retained_bytes(&self) -> usize {
+        crate::wire::held(&self.prev) + crate::wire::held(&self.cur)
+    }
+}
+
 /// How a series' labels stand in the input, for [`Mapper::encode_work_labels`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum InputLabels {
@@ -351,6 +447,93 @@ mod tests {
             value: m.intern(value.as_bytes()),
             renamed: false,
             added: false,
+        }
+    }
+
+    /// 2.0 label sets copy the labels they share, at the same position, with the set
+    /// encoded before (when it still stands: a set merged away is cut off) and encode
+    /// the others: every set's bytes are its fresh encoding.
+    #[test]
+    fn symbol_label_sets_copy_what_the_set_before_shares() {
+        let symbols = b"__name__upjobainstancea:1a:2zone";
+        let span = |text: &str| {
+            let at = symbols
+                .windows(text.len())
+                .position(|w| w == text.as_bytes())
+                .unwrap();
+            Str::In(Span::new(at, at + text.len()))
+        };
+        let sym = |n: &str, v: &str| WorkLabel {
+            name: span(n),
+            value: span(v),
+            renamed: false,
+            added: false,
+        };
+        let sets: Vec<Vec<(&str, &str, bool)>> = vec![
+            vec![
+                ("__name__", "up", true),
+                ("instance", "a:1", true),
+                ("job", "a", true),
+            ],
+            vec![
+                ("__name__", "up", true),
+                ("instance", "a:2", true),
+                ("job", "a", true),
+            ],
+            vec![
+                ("__name__", "up", true),
+                ("instance", "a:2", true),
+                ("job", "a", true),
+            ],
+            vec![
+                ("__name__", "up", false),
+                ("instance", "a:2", true),
+                ("job", "a", true),
+            ],
+            vec![("__name__", "up", true), ("instance", "a:2", true)],
+            vec![
+                ("__name__", "up", true),
+                ("instance", "a:2", true),
+                ("job", "a", true),
+                ("zone", "a", true),
+            ],
+            vec![
+                ("instance", "a:2", true),
+                ("job", "a", true),
+                ("zone", "a", true),
+            ],
+        ];
+        let mut m = Mapper::new();
+        for cut in [false, true] {
+            m.out_label_bytes.clear();
+            m.set_memo.clear();
+            for (i, set) in sets.iter().enumerate() {
+                m.work = set
+                    .iter()
+                    .map(|&(n, v, symbol)| {
+                        if symbol {
+                            sym(n, v)
+                        } else {
+                            label(&mut m, n, v)
+                        }
+                    })
+                    .collect();
+                let got = m.encode_work_labels(symbols, InputLabels::Symbols);
+                let mut expected = Vec::new();
+                let mut w = SeriesWriter::new(&mut expected);
+                for (n, v, _) in set {
+                    w.label(n.as_bytes(), v.as_bytes());
+                }
+                assert_eq!(
+                    &m.out_label_bytes[got.usize()],
+                    &expected[..],
+                    "set {i}, cut {cut}"
+                );
+                if cut && i % 2 == 1 {
+                    // Merged into an earlier series: its bytes are cut off.
+                    m.out_label_bytes.truncate(got.start as usize);
+                }
+            }
         }
     }
 

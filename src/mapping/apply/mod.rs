@@ -14,6 +14,7 @@ mod stats;
 mod taps;
 mod work;
 
+use merge::SetMemo;
 pub use metadata::CounterFamilies;
 use metadata::METADATA_FIX_PACK;
 pub use stats::MapStats;
@@ -70,6 +71,9 @@ pub struct Mapper {
     /// ([`Mapper::encode_work_labels`]): hashed and compared for the merge index, and
     /// copied into the output.
     out_label_bytes: Vec<u8>,
+    /// 2.0 input: the label set [`Mapper::encode_work_labels`] encoded last, which its
+    /// next one copies labels from ([`SetMemo`]).
+    set_memo: SetMemo,
     chunks: Vec<Chunk>,
     samples: Vec<SampleView>,
     exemplars: Vec<ExemplarOut>,
@@ -183,6 +187,7 @@ impl Mapper {
             + held(&self.out_series)
             + held(&self.out_labels)
             + held(&self.out_label_bytes)
+            + self.set_memo.retained_bytes()
             + held(&self.chunks)
             + held(&self.samples)
             + held(&self.exemplars)

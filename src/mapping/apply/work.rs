@@ -80,6 +80,7 @@ impl Mapper {
         self.out_series.clear();
         self.out_labels.clear();
         self.out_label_bytes.clear();
+        self.set_memo.clear();
         self.chunks.clear();
         self.samples.clear();
         self.exemplars.clear();
