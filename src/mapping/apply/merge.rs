@@ -65,8 +65,10 @@ impl Mapper {
     /// equal bytes: the encoding is a function of the names and values, and the work
     /// area is in output order), and returns where they stand. Labels of a 1.0 input
     /// that stand encoded so in it are copied from it, neighbours in one copy (most of
-    /// a series' labels are one run of the input); the others are encoded. `input`
-    /// says how the series' labels stand in the input.
+    /// a series' labels are one run of the input); the others are encoded. A 2.0 set
+    /// copies the labels it shares with the set encoded before it instead
+    /// ([`Mapper::encode_symbol_labels`]). `input` says how the series' labels stand in
+    /// the input.
     pub(super) fn encode_work_labels(&mut self, buf: &[u8], input: InputLabels) -> Range32 {
         if input == InputLabels::Symbols {
             return self.encode_symbol_labels(buf);
@@ -389,8 +391,9 @@ impl Mapper {
 /// The label set [`Mapper::encode_symbol_labels`] encoded last: each label's key (spans
 /// of the request, [`NO_KEY`] for the arena's strings, which no other label shares) and
 /// the end of its encoding relative to `at`, where the set starts in
-/// [`Mapper::out_label_bytes`]. The bytes grow only by these sets and are cut only by a
-/// set merged away, the last one: shorter than `end`, they no longer hold it.
+/// [`Mapper::out_label_bytes`]. Within a request, those bytes only grow by one label set
+/// after another, and are cut only by a set merged away, the last one: shorter than
+/// `end`, they no longer hold it. Cleared with them before each request.
 #[derive(Default)]
 pub(super) struct SetMemo {
     prev: Vec<(LabelKey, u32)>,

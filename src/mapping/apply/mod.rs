@@ -89,6 +89,8 @@ pub struct Mapper {
     /// Every name's resolution (exact table, prefix/regex plan, learnt `_total` fix)
     /// once computed: one hash lookup per name; emptied when the learnt counter
     /// families change. A mapper lives no longer than its [`Rules`] (one pipeline).
+    /// Empty while [`Mapper::map_request_unless_same`] loops over the series: the loop
+    /// holds it, to lend each resolution out without cloning it.
     resolved: NameCache<Option<Resolved>>,
     meta_cache: NameCache<Option<Arc<MetadataPlan>>>,
     /// A rescaled family's restated HELP text, reused across entries.
@@ -252,7 +254,7 @@ impl Mapper {
         // cloned: a plan's `Arc` shared by every worker, its count raised and lowered per
         // name, would bounce one cache line between the cores (and costs two locked
         // instructions even on one).
-        let mut names = std::mem::take(&mut self.resolved);
+        let mut names = self.resolved.take();
         let mut uncached: Option<Resolved>;
         let mut last: Option<(&[u8], Option<&Resolved>)> = None;
         let mut fixed: Option<Resolved>;
