@@ -122,6 +122,84 @@ pub fn label_key(name: Span, value: Span) -> LabelKey {
 }
 
 impl LabelMemo {
+    /// Appends `count` labels to `out` (label `k`: key `key(k)`, (name, value)
+    /// `bytes(k)`, read only when it is encoded), copying those the previous labels
+    /// share at the same position from where they stand in `out`, and records them in
+    /// `cur` (settled by the caller). The previous labels are forgotten first when `out`
+    /// is shorter than their end (cut off since).
+    #[inline]
+    fn append_labels<'l>(
+        &mut self,
+        out: &mut Vec<u8>,
+        count: usize,
+        key: impl Fn(usize) -> LabelKey,
+        bytes: impl Fn(usize) -> (&'l [u8], &'l [u8]),
+    ) {
+        let start = out.len();
+        if start < self.settled_len {
+            self.prev.clear();
+        }
+        let base = self.prev_at;
+        let (prev, cur) = (&self.prev, &mut self.cur);
+        cur.clear();
+        // A run of labels copied from the previous series: `base + a .. base + b`.
+        let mut run: Option<(usize, usize)> = None;
+        let mut from = 0usize;
+        let mut written = 0usize;
+        for k in 0..count {
+            let key = key(k);
+            match prev.get(k) {
+                Some(&(seen, to)) if seen == key && key != NO_KEY => {
+                    let to = to as usize;
+                    match &mut run {
+                        Some((_, run_to)) if *run_to == from => *run_to = to,
+                        _ => {
+                            if let Some((a, b)) = run.replace((from, to)) {
+                                out.extend_from_within(base + a..base + b);
+                            }
+                        }
+                    }
+                    written += to - from;
+                }
+                _ => {
+                    if let Some((a, b)) = run.take() {
+                        out.extend_from_within(base + a..base + b);
+                    }
+                    let (name, value) = bytes(k);
+                    put_label(out, 1, name, value);
+                    written = out.len() - start;
+                }
+            }
+            // Where the previous series' label k + 1 starts.
+            from = prev.get(k).map_or(0, |l| l.1 as usize);
+            cur.push((key, written as u32));
+        }
+        if let Some((a, b)) = run {
+            out.extend_from_within(base + a..base + b);
+        }
+    }
+
+    /// Appends one label set to `out` as [`write_series_label`] would, one label after
+    /// another, copying the labels it shares at the same position with the set appended
+    /// before (see [`LabelMemo`]): for a buffer of label sets, which grows by one set after
+    /// another and is cut only back to where the last one started. Returns where the set
+    /// starts.
+    #[inline]
+    pub fn append_set<'l>(
+        &mut self,
+        out: &mut Vec<u8>,
+        count: usize,
+        key: impl Fn(usize) -> LabelKey,
+        bytes: impl Fn(usize) -> (&'l [u8], &'l [u8]),
+    ) -> usize {
+        let start = out.len();
+        self.append_labels(out, count, key, bytes);
+        std::mem::swap(&mut self.prev, &mut self.cur);
+        self.prev_at = start;
+        self.settled_len = out.len();
+        start
+    }
+
     pub fn clear(&mut self) {
         self.prev.clear();
         self.cur.clear();
@@ -190,49 +268,12 @@ impl<'a> SeriesWriter<'a> {
         bytes: impl Fn(usize) -> (&'l [u8], &'l [u8]),
     ) {
         let start = self.body.len();
-        if self.in_place_at != Some(start) || start < memo.settled_len {
+        if self.in_place_at != Some(start) {
             // Not the first field of a series in this output: nothing to copy from.
             memo.prev.clear();
         }
         memo.cur_offset = self.in_place_at.map(|at| start - at);
-        let base = memo.prev_at;
-        let (prev, cur) = (&memo.prev, &mut memo.cur);
-        cur.clear();
-        // A run of labels copied from the previous series: `base + a .. base + b`.
-        let mut run: Option<(usize, usize)> = None;
-        let mut from = 0usize;
-        let mut written = 0usize;
-        for k in 0..count {
-            let key = key(k);
-            match prev.get(k) {
-                Some(&(seen, to)) if seen == key && key != NO_KEY => {
-                    let to = to as usize;
-                    match &mut run {
-                        Some((_, run_to)) if *run_to == from => *run_to = to,
-                        _ => {
-                            if let Some((a, b)) = run.replace((from, to)) {
-                                self.body.extend_from_within(base + a..base + b);
-                            }
-                        }
-                    }
-                    written += to - from;
-                }
-                _ => {
-                    if let Some((a, b)) = run.take() {
-                        self.body.extend_from_within(base + a..base + b);
-                    }
-                    let (name, value) = bytes(k);
-                    put_label(self.body, 1, name, value);
-                    written = self.body.len() - start;
-                }
-            }
-            // Where the previous series' label k + 1 starts.
-            from = prev.get(k).map_or(0, |l| l.1 as usize);
-            cur.push((key, written as u32));
-        }
-        if let Some((a, b)) = run {
-            self.body.extend_from_within(base + a..base + b);
-        }
+        memo.append_labels(self.body, count, key, bytes);
     }
 
     /// Appends fields already encoded as this message's, in order: labels written by

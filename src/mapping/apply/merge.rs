@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::wire::decode::{name_cmp, name_less, short_eq};
-use crate::wire::encode::{LabelKey, NO_KEY, encoded_label_at, label_key, write_series_label};
+use crate::wire::encode::{NO_KEY, encoded_label_at, label_key, write_series_label};
 
 impl Mapper {
     /// Removes empty values, sorts by name and resolves duplicate names (a label renamed
@@ -125,61 +125,22 @@ impl Mapper {
     /// mostly share all but one or two labels), neighbours in one copy; the others are
     /// encoded.
     fn encode_symbol_labels(&mut self, buf: &[u8]) -> Range32 {
-        let mut out = std::mem::take(&mut self.out_label_bytes);
-        let memo = &mut self.set_memo;
-        let start = out.len();
-        if start < memo.end {
-            // The set before was merged into an earlier one and cut off.
-            memo.prev.clear();
-        }
-        let base = memo.at;
-        let (prev, cur) = (&memo.prev, &mut memo.cur);
-        cur.clear();
-        // A run of labels copied from the set before, as positions in `out`.
-        let mut run: Option<(usize, usize)> = None;
-        let mut from = 0usize;
-        let mut written = 0usize;
-        for (k, l) in self.work.iter().enumerate() {
-            let key = match (l.name, l.value) {
+        let (work, arena) = (&self.work, &self.arena);
+        let bytes = |s: Str| match s {
+            Str::In(span) => span.bytes(buf),
+            Str::Arena(a, b) => &arena[a as usize..b as usize],
+        };
+        let start = self.set_memo.append_set(
+            &mut self.out_label_bytes,
+            work.len(),
+            // Spans of the request: the same key, the same bytes. The arena's strings
+            // are no other label's.
+            |k| match (work[k].name, work[k].value) {
                 (Str::In(n), Str::In(v)) => label_key(n, v),
                 _ => NO_KEY,
-            };
-            match prev.get(k) {
-                Some(&(seen, to)) if seen == key && key != NO_KEY => {
-                    let (a, b) = (base + from, base + to as usize);
-                    match &mut run {
-                        Some((_, run_end)) if *run_end == a => *run_end = b,
-                        _ => {
-                            if let Some((x, y)) = run.replace((a, b)) {
-                                out.extend_from_within(x..y);
-                            }
-                        }
-                    }
-                    written += b - a;
-                }
-                _ => {
-                    if let Some((x, y)) = run.take() {
-                        out.extend_from_within(x..y);
-                    }
-                    let bytes = |s: Str| match s {
-                        Str::In(span) => span.bytes(buf),
-                        Str::Arena(a, b) => &self.arena[a as usize..b as usize],
-                    };
-                    write_series_label(&mut out, bytes(l.name), bytes(l.value));
-                    written = out.len() - start;
-                }
-            }
-            // Where the set before's label k + 1 starts.
-            from = prev.get(k).map_or(0, |&(_, to)| to as usize);
-            cur.push((key, written as u32));
-        }
-        if let Some((x, y)) = run {
-            out.extend_from_within(x..y);
-        }
-        std::mem::swap(&mut memo.prev, &mut memo.cur);
-        memo.at = start;
-        memo.end = out.len();
-        self.out_label_bytes = out;
+            },
+            |k| (bytes(work[k].name), bytes(work[k].value)),
+        );
         Range32 {
             start: start as u32,
             end: self.out_label_bytes.len() as u32,
@@ -385,33 +346,6 @@ impl Mapper {
             w.histogram_raw(self.hist_bytes(h.bytes, buf));
         }
         self.stats.histograms_out += self.gather_hist.len() as u64;
-    }
-}
-
-/// The label set [`Mapper::encode_symbol_labels`] encoded last: each label's key (spans
-/// of the request, [`NO_KEY`] for the arena's strings, which no other label shares) and
-/// the end of its encoding relative to `at`, where the set starts in
-/// [`Mapper::out_label_bytes`]. Within a request, those bytes only grow by one label set
-/// after another, and are cut only by a set merged away, the last one: shorter than
-/// `end`, they no longer hold it. Cleared with them before each request.
-#[derive(Default)]
-pub(super) struct SetMemo {
-    prev: Vec<(LabelKey, u32)>,
-    cur: Vec<(LabelKey, u32)>,
-    at: usize,
-    end: usize,
-}
-
-impl SetMemo {
-    pub(super) fn clear(&mut self) {
-        self.prev.clear();
-        self.cur.clear();
-        self.at = 0;
-        self.end = 0;
-    }
-
-    pub(super) fn retained_bytes(&self) -> usize {
-        crate::wire::held(&self.prev) + crate::wire::held(&self.cur)
     }
 }
 

@@ -14,7 +14,6 @@ mod stats;
 mod taps;
 mod work;
 
-use merge::SetMemo;
 pub use metadata::CounterFamilies;
 use metadata::METADATA_FIX_PACK;
 pub use stats::MapStats;
@@ -71,9 +70,9 @@ pub struct Mapper {
     /// ([`Mapper::encode_work_labels`]): hashed and compared for the merge index, and
     /// copied into the output.
     out_label_bytes: Vec<u8>,
-    /// 2.0 input: the label set [`Mapper::encode_work_labels`] encoded last, which its
-    /// next one copies labels from ([`SetMemo`]).
-    set_memo: SetMemo,
+    /// 2.0 input: the label set [`Mapper::encode_work_labels`] encoded last, in
+    /// `out_label_bytes`, which the next one copies labels from.
+    set_memo: crate::wire::encode::LabelMemo,
     chunks: Vec<Chunk>,
     samples: Vec<SampleView>,
     exemplars: Vec<ExemplarOut>,
