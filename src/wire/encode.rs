@@ -78,7 +78,8 @@ pub fn encoded_label_at(buf: &[u8], name: Span, value: Span) -> Option<(usize, u
 /// in one copy. Consecutive series mostly share all but one or two labels (a family's
 /// buckets, a target's series). Keys are spans into one request's buffer, positions are
 /// offsets into one output buffer: [`LabelMemo::clear`] before each request, and use one
-/// memo with one output buffer ([`SeriesWriter::in_place`]).
+/// memo with one output buffer, either series written in place
+/// ([`SeriesWriter::labels_memo`]) or a buffer of label sets ([`LabelMemo::append_set`]).
 #[derive(Default)]
 pub struct LabelMemo {
     /// The previous series' labels: label `k`'s key and the end of its encoding,
