@@ -102,6 +102,12 @@ enum Cmd {
         /// encodes each as 2.0
         #[arg(long)]
         tenancy: Option<String>,
+        /// Before each request, write this many KiB of a scratch buffer (untimed): the
+        /// request then runs on caches another program has used since the last one, as
+        /// one does on a shared host's core between the requests of a partial load.
+        /// With it, a pass's CPU time is the sum of its requests' own
+        #[arg(long, default_value_t = 0)]
+        evict_kib: usize,
     },
 }
 
@@ -211,13 +217,14 @@ fn main() -> anyhow::Result<()> {
             out,
             threads,
             tenancy,
+            evict_kib,
         } => pipeline_cost(
             &config,
             rounds,
             (proto, out),
             (mode, threads),
             count,
-            tenancy.as_deref(),
+            (tenancy.as_deref(), evict_kib),
         ),
         Cmd::Run(args) => {
             pin_self(&args.load_cpu)?;
@@ -381,7 +388,7 @@ fn pipeline_cost(
     (proto, out): (Proto, Proto),
     (mode, threads): (ModeArg, usize),
     count: usize,
-    tenancy: Option<&str>,
+    (tenancy, evict_kib): (Option<&str>, usize),
 ) -> anyhow::Result<()> {
     use promnorm::app::Assemble;
     use promnorm::pipeline::InputProtocol;
@@ -420,9 +427,14 @@ fn pipeline_cost(
         // Each request's CPU time in the timed passes, in µs: how far the slowest
         // request of a pass stands from the usual one (a latency tail's own cost).
         let mut request_us: Vec<f64> = Vec::new();
+        let mut scratch = vec![0u8; evict_kib << 10];
         let mut pass =
-            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<()> {
+            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<f64> {
+                let mut own_us = 0.0;
                 for b in head.iter().chain(tail) {
+                    if !scratch.is_empty() {
+                        evict(&mut scratch);
+                    }
                     let c0 = if timed { thread_cpu_seconds() } else { 0.0 };
                     pipeline.process_as(ws, b, input)?;
                     if let Some(label) = tenancy {
@@ -435,19 +447,27 @@ fn pipeline_cost(
                         d.drain(&mut drained);
                     }
                     if timed {
-                        request_us.push((thread_cpu_seconds() - c0) * 1e6);
+                        let us = (thread_cpu_seconds() - c0) * 1e6;
+                        own_us += us;
+                        request_us.push(us);
                     }
                 }
-                Ok(())
+                Ok(own_us)
             };
         pass(&mut ws, false)?; // warm: buffers grown, caches filled
         start.wait();
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
         for _ in 0..rounds.max(1) {
             let (c0, w0) = (thread_cpu_seconds(), Instant::now());
-            pass(&mut ws, true)?;
-            cpu.push((thread_cpu_seconds() - c0) * 1e9 / samples);
-            wall.push(w0.elapsed().as_secs_f64() * 1e9 / samples);
+            let own_us = pass(&mut ws, true)?;
+            if evict_kib == 0 {
+                cpu.push((thread_cpu_seconds() - c0) * 1e9 / samples);
+                wall.push(w0.elapsed().as_secs_f64() * 1e9 / samples);
+            } else {
+                // The requests' own time, without the eviction between them.
+                cpu.push(own_us * 1e3 / samples);
+                wall.push(own_us * 1e3 / samples);
+            }
         }
         // Untimed passes until every worker is done: no timed pass runs alone, each
         // meets the others' load on the shared pipeline all through.
@@ -497,6 +517,7 @@ fn pipeline_cost(
             "samples_per_request": bodies.samples_per_request,
             "rounds": rounds,
             "threads": threads.max(1),
+            "evict_kib": evict_kib,
             "samples_per_s": samples_per_s,
             "cpu_ns_per_sample_min": min(&cpu),
             "cpu_ns_per_sample_median": median(cpu.clone()),
@@ -509,6 +530,17 @@ fn pipeline_cost(
         })
     );
     Ok(())
+}
+
+/// Writes every cache line of `scratch` (a new value each call, so that no write is
+/// skipped as unchanged), pushing what the caches held out of them.
+fn evict(scratch: &mut [u8]) {
+    static ROUND: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    let v = ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for line in scratch.chunks_mut(64) {
+        line[0] = v;
+    }
+    std::hint::black_box(&scratch);
 }
 
 /// What the router does with a processed request for a tenancy group keyed by `label`
