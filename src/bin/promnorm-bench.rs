@@ -427,7 +427,14 @@ fn pipeline_cost(
         // Each request's CPU time in the timed passes, in µs: how far the slowest
         // request of a pass stands from the usual one (a latency tail's own cost).
         let mut request_us: Vec<f64> = Vec::new();
-        let mut scratch = vec![0u8; evict_kib << 10];
+        let evict_bytes = evict_kib
+            .checked_mul(1024)
+            .ok_or_else(|| anyhow::anyhow!("--evict-kib {evict_kib}: too large"))?;
+        let mut scratch = Vec::new();
+        scratch
+            .try_reserve_exact(evict_bytes)
+            .map_err(|e| anyhow::anyhow!("--evict-kib {evict_kib}: {e}"))?;
+        scratch.resize(evict_bytes, 0u8);
         let mut pass =
             |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<f64> {
                 let mut own_us = 0.0;
