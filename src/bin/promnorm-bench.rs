@@ -105,7 +105,7 @@ enum Cmd {
         /// Before each request, write this many KiB of a scratch buffer (untimed): the
         /// request then runs on caches another program has used since the last one, as
         /// one does on a shared host's core between the requests of a partial load.
-        /// With it, a pass's CPU time is the sum of its requests' own
+        /// With it, a pass's CPU and wall time are the sums of its requests' own times
         #[arg(long, default_value_t = 0)]
         evict_kib: usize,
     },
@@ -417,6 +417,22 @@ fn pipeline_cost(
     // Worker `w` starts its passes at request `w * n / threads` and wraps around: the
     // workers of a server take different requests at any moment (a sender's shards
     // carry different series), not the same series at the same instant.
+    // Every worker's eviction buffer, allocated before any starts: a worker that failed
+    // here would leave the others waiting at the barrier.
+    let evict_bytes = evict_kib
+        .checked_mul(1024)
+        .ok_or_else(|| anyhow::anyhow!("--evict-kib {evict_kib}: too large"))?;
+    let scratches = (0..threads.max(1))
+        .map(|_| {
+            let mut scratch = Vec::new();
+            scratch
+                .try_reserve_exact(evict_bytes)
+                .map_err(|e| anyhow::anyhow!("--evict-kib {evict_kib}: {e}"))?;
+            scratch.resize(evict_bytes, 0u8);
+            Ok(scratch)
+        })
+        .collect::<anyhow::Result<Vec<Vec<u8>>>>()?;
+    let scratches = std::sync::Mutex::new(scratches);
     let worker = |w: usize| -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
         let mut ws = pipeline.take_workspace();
         ws.skip_v1_body = out == Proto::V2 || tenancy.is_some();
@@ -427,22 +443,24 @@ fn pipeline_cost(
         // Each request's CPU time in the timed passes, in µs: how far the slowest
         // request of a pass stands from the usual one (a latency tail's own cost).
         let mut request_us: Vec<f64> = Vec::new();
-        let evict_bytes = evict_kib
-            .checked_mul(1024)
-            .ok_or_else(|| anyhow::anyhow!("--evict-kib {evict_kib}: too large"))?;
-        let mut scratch = Vec::new();
-        scratch
-            .try_reserve_exact(evict_bytes)
-            .map_err(|e| anyhow::anyhow!("--evict-kib {evict_kib}: {e}"))?;
-        scratch.resize(evict_bytes, 0u8);
+        let mut scratch = scratches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default();
+        // A pass's requests' own CPU and wall time, in µs (without the evictions).
         let mut pass =
-            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<f64> {
-                let mut own_us = 0.0;
+            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<(f64, f64)> {
+                let (mut own_us, mut own_wall_us) = (0.0, 0.0);
                 for b in head.iter().chain(tail) {
                     if !scratch.is_empty() {
                         evict(&mut scratch);
                     }
-                    let c0 = if timed { thread_cpu_seconds() } else { 0.0 };
+                    let (c0, w0) = if timed {
+                        (thread_cpu_seconds(), Some(Instant::now()))
+                    } else {
+                        (0.0, None)
+                    };
                     pipeline.process_as(ws, b, input)?;
                     if let Some(label) = tenancy {
                         split_and_encode(ws, label, out, &family_tenants)?;
@@ -453,27 +471,28 @@ fn pipeline_cost(
                         drained.clear();
                         d.drain(&mut drained);
                     }
-                    if timed {
+                    if let Some(w0) = w0 {
                         let us = (thread_cpu_seconds() - c0) * 1e6;
                         own_us += us;
+                        own_wall_us += w0.elapsed().as_secs_f64() * 1e6;
                         request_us.push(us);
                     }
                 }
-                Ok(own_us)
+                Ok((own_us, own_wall_us))
             };
         pass(&mut ws, false)?; // warm: buffers grown, caches filled
         start.wait();
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
         for _ in 0..rounds.max(1) {
             let (c0, w0) = (thread_cpu_seconds(), Instant::now());
-            let own_us = pass(&mut ws, true)?;
+            let (own_us, own_wall_us) = pass(&mut ws, true)?;
             if evict_kib == 0 {
                 cpu.push((thread_cpu_seconds() - c0) * 1e9 / samples);
                 wall.push(w0.elapsed().as_secs_f64() * 1e9 / samples);
             } else {
                 // The requests' own time, without the eviction between them.
                 cpu.push(own_us * 1e3 / samples);
-                wall.push(own_us * 1e3 / samples);
+                wall.push(own_wall_us * 1e3 / samples);
             }
         }
         // Untimed passes until every worker is done: no timed pass runs alone, each
