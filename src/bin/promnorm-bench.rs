@@ -414,9 +414,6 @@ fn pipeline_cost(
     // counters), a warm pass, then the timed passes once every worker is warm.
     let start = std::sync::Barrier::new(threads.max(1));
     let finished = std::sync::atomic::AtomicUsize::new(0);
-    // Worker `w` starts its passes at request `w * n / threads` and wraps around: the
-    // workers of a server take different requests at any moment (a sender's shards
-    // carry different series), not the same series at the same instant.
     // Every worker's eviction buffer, allocated before any starts: a worker that failed
     // here would leave the others waiting at the barrier.
     let evict_bytes = evict_kib
@@ -433,6 +430,9 @@ fn pipeline_cost(
         })
         .collect::<anyhow::Result<Vec<Vec<u8>>>>()?;
     let scratches = std::sync::Mutex::new(scratches);
+    // Worker `w` starts its passes at request `w * n / threads` and wraps around: the
+    // workers of a server take different requests at any moment (a sender's shards
+    // carry different series), not the same series at the same instant.
     let worker = |w: usize| -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
         let mut ws = pipeline.take_workspace();
         ws.skip_v1_body = out == Proto::V2 || tenancy.is_some();
