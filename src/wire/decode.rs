@@ -1126,19 +1126,31 @@ pub fn name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.len().cmp(&b.len())
 }
 
-/// How many leading bytes `a` and `b` share, eight at a time.
+/// How many leading bytes `a` and `b` share, 32 at a time.
 #[inline]
 pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut i = 0;
     // Equal runs are long (a series' labels against the previous series'): 32 bytes a
-    // step while they last, compared as arrays (vector compares inline, no call).
+    // step while they last, compared as arrays (vector compares inline, no call); the
+    // first difference is then looked for in the 32 bytes that differ.
     while let (Some(x), Some(y)) = (a[i..].first_chunk::<32>(), b[i..].first_chunk::<32>()) {
         if x != y {
-            break;
+            return i + first_difference(x, y);
         }
         i += 32;
+    }
+    // Fewer than 32 left: the last 32 bytes, overlapping bytes already known equal (so
+    // their first difference is at `i` or later).
+    if n >= 32
+        && let (Some(x), Some(y)) = (a.last_chunk::<32>(), b.last_chunk::<32>())
+    {
+        return if x == y {
+            n
+        } else {
+            n - 32 + first_difference(x, y)
+        };
     }
     while i + 8 <= n {
         let (Some(x), Some(y)) = (a[i..].first_chunk::<8>(), b[i..].first_chunk::<8>()) else {
@@ -1166,6 +1178,23 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         i += 1;
     }
     i
+}
+
+/// Where 32 bytes that differ first differ, a word at a time (32 when equal).
+#[inline(always)]
+fn first_difference(x: &[u8; 32], y: &[u8; 32]) -> usize {
+    let word = |s: &[u8; 32], q: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[8 * q..8 * q + 8]);
+        u64::from_le_bytes(w)
+    };
+    for q in 0..4 {
+        let diff = word(x, q) ^ word(y, q);
+        if diff != 0 {
+            return 8 * q + (diff.trailing_zeros() / 8) as usize;
+        }
+    }
+    32
 }
 
 /// `a == b` for label names, values and whole labels: short, so compared a word at a

@@ -4,9 +4,10 @@
 //!
 //! Consecutive series mostly share their labels (one family, one target). The previous
 //! series' labels are kept by index ([`PreviousLabels`]); from label `k` on, the current
-//! series' bytes are compared with the previous series' labels `k..` in one go, and every
-//! label the equal bytes cover takes the previous series' references as they are (one
-//! fixed-size copy each, nothing else). Only a label that differs is read and looked up.
+//! series' bytes are compared with the previous series' labels `k..` in one go, and the
+//! labels the equal bytes cover take the previous series' references as they are: the
+//! run's references copied in one piece from where the previous series' stand in the
+//! output. Only a label that differs is read and looked up.
 //! The series is written straight into the encoder's output at its end, its length bytes
 //! patched once known.
 
@@ -49,7 +50,8 @@ fn varint_word(v: u32) -> (u64, u32) {
 }
 
 /// The labels of the previous series the one-pass encoder wrote, by index. Label `m`'s
-/// encoded field follows label `m-1`'s in the mapped body, from `begin` to `end`. Its
+/// encoded field follows label `m-1`'s in the mapped body, from `begin` to `end`, and
+/// its references follow label `m-1`'s in the encoder's output, from `refs_at`. Its
 /// name and value spans may point into an earlier series of the request: bytes equal to
 /// this series', which is all they are used for.
 pub(super) struct PreviousLabels {
@@ -58,13 +60,16 @@ pub(super) struct PreviousLabels {
     pub(super) len: usize,
     begin: usize,
     end: usize,
+    /// Where the previous series' packed references start in `series_out` (it lies
+    /// wholly before the series being written, which never writes there).
+    refs_at: usize,
     /// The encoded field's length, key and length byte included (at most 129).
     field_len: [u8; FAST_LABELS],
     name: [ByteRange; FAST_LABELS],
     name_ref: [u32; FAST_LABELS],
     value: [ByteRange; FAST_LABELS],
     value_ref: [u32; FAST_LABELS],
-    refs: [[u8; 16]; FAST_LABELS],
+    /// Label `m`'s packed references' length in bytes.
     refs_len: [u8; FAST_LABELS],
     /// Bit `m`: label `m` is `__name__`.
     metric_names: u32,
@@ -76,12 +81,12 @@ impl Default for PreviousLabels {
             len: 0,
             begin: 0,
             end: 0,
+            refs_at: 0,
             field_len: [0; FAST_LABELS],
             name: [(0, 0); FAST_LABELS],
             name_ref: [0; FAST_LABELS],
             value: [(0, 0); FAST_LABELS],
             value_ref: [0; FAST_LABELS],
-            refs: [[0; 16]; FAST_LABELS],
             refs_len: [0; FAST_LABELS],
             metric_names: 0,
         }
@@ -121,7 +126,10 @@ impl V2Encoder {
             series_out,
             ..
         } = self;
-        let o = series_out.get_mut(head..head + room)?;
+        // What was written before this series (the previous series' references among it),
+        // and this series' room.
+        let (done, o) = series_out.split_at_mut(head);
+        let o = o.get_mut(..room)?;
         // The series' key and its length (one byte, patched below), then the references'.
         o[0] = SERIES_KEY;
         o[2] = REFS_KEY;
@@ -130,6 +138,8 @@ impl V2Encoder {
         let prev_end = prev.end;
         // Where the previous series' label `k` starts in `buf`.
         let mut prev_at = prev.begin;
+        // Where the previous series' label `k`'s references start in `done`.
+        let mut prev_refs = prev.refs_at;
         let mut rest = msg;
         // Where `rest` starts in `buf`.
         let mut pos = start;
@@ -141,17 +151,26 @@ impl V2Encoder {
                 // The previous series' labels from its `k`-th on against this series'
                 // bytes: every one the equal bytes cover is this series' next label.
                 let equal = common_prefix(rest, buf.get(prev_at..prev_end)?);
-                let mut covered = 0;
+                let (mut covered, mut refs) = (0, 0);
                 while k < prev_len {
                     let len = usize::from(*prev.field_len.get(k)?);
                     if covered + len > equal {
                         break;
                     }
                     covered += len;
-                    o.get_mut(w..w + 16)?.copy_from_slice(prev.refs.get(k)?);
-                    w += usize::from(prev.refs_len[k]);
+                    refs += usize::from(prev.refs_len[k]);
                     k += 1;
                 }
+                // The covered labels' references, one piece: one fixed-size copy when
+                // short (its bytes past `refs` are written over or lie past the series).
+                match done.get(prev_refs..prev_refs + 32) {
+                    Some(block) if refs <= 32 => o.get_mut(w..w + 32)?.copy_from_slice(block),
+                    _ => o
+                        .get_mut(w..w + refs)?
+                        .copy_from_slice(done.get(prev_refs..prev_refs + refs)?),
+                }
+                w += refs;
+                prev_refs += refs;
                 rest = rest.get(covered..)?;
                 pos += covered;
                 prev_at += covered;
@@ -187,6 +206,7 @@ impl V2Encoder {
             let value_ref = symbols.intern(v);
             if k < prev_len {
                 prev_at += usize::from(prev.field_len[k]);
+                prev_refs += usize::from(prev.refs_len[k]);
             }
             let (packed, packed_len) = pack_refs(name_ref, value_ref);
             o.get_mut(w..w + 16)?.copy_from_slice(&packed);
@@ -196,7 +216,6 @@ impl V2Encoder {
             prev.name_ref[k] = name_ref;
             prev.value[k] = (value_at, value_at + u32::from(value_len));
             prev.value_ref[k] = value_ref;
-            prev.refs[k] = packed;
             prev.refs_len[k] = packed_len;
             let bit = 1u32 << k;
             if is_metric_name(n) {
@@ -236,6 +255,9 @@ impl V2Encoder {
             self.series_metadata(buf, name.map_or((0, 0), |n| n.0), name.map(|n| n.1), memory);
         let o = self.series_out.get_mut(head..head + room)?;
         let refs_len = w - 4;
+        // Where the references start in the series as written (one more for a second
+        // length byte of the series', below).
+        let mut refs_at = 4;
         if refs_len == 0 {
             // No references field: what follows starts after the series' header.
             w = 2;
@@ -247,6 +269,7 @@ impl V2Encoder {
             o[3] = (refs_len as u8) | 0x80;
             o[4] = (refs_len >> 7) as u8;
             w += 1;
+            refs_at = 5;
         }
         // The samples as they are (2.0 numbers them like 1.0): one fixed-size copy when
         // short, reading on into the next series' bytes, which the metadata and the next
@@ -268,7 +291,9 @@ impl V2Encoder {
             o.copy_within(2..w, 2 + extra);
             put_varint_at(o, 1, len as u64);
             w += extra;
+            refs_at += extra;
         }
+        self.previous.refs_at = head + refs_at;
         self.series_len = head + w;
         Some(())
     }
