@@ -32,9 +32,14 @@ if [ ${#CASES_WANTED[@]} -eq 0 ]; then
 fi
 DURATION=${DURATION:-14}
 WARMUP=${WARMUP:-5}
-if ! [[ $ROUNDS =~ ^[0-9]+$ && $DURATION =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ ]] ||
-  [ "$DURATION" -lt 8 ] || [ "$ROUNDS" -lt 1 ]; then
-  echo "usage: ROUNDS (at least 1) [CASE...]; DURATION (at least 8) and WARMUP whole seconds" >&2
+# Samples per second of the SUT's CPU. A share measured from n samples is off by about
+# sqrt(p(1-p)/n): at 999 per second over 10 s, 1.4 % of a 34 % share, and the ratio of
+# two such shares by 2 %, as much as the goals' margins; at 4999, 0.9 % for the ratio.
+PERF_HZ=${PERF_HZ:-4999}
+if ! [[ $ROUNDS =~ ^[0-9]+$ && $DURATION =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ &&
+  $PERF_HZ =~ ^[0-9]+$ ]] || [ "$DURATION" -lt 8 ] || [ "$ROUNDS" -lt 1 ] ||
+  [ "$PERF_HZ" -lt 1 ]; then
+  echo "usage: ROUNDS (at least 1) [CASE...]; DURATION (at least 8), WARMUP and PERF_HZ whole numbers" >&2
   exit 2
 fi
 command -v perf >/dev/null || {
@@ -54,19 +59,20 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The share (per cent of all samples) of the four stages, the kernel's, and all.
+# The share (per cent of all samples) of the four stages, the kernel's, all, and the
+# number of samples.
 shares() { # perf.data
-  perf report -i "$1" --no-children --sort sym -g none 2>/dev/null | awk '
-    /^ +[0-9.]+% +\[/ {
-      p = $1; sub("%", "", p); all += p
-      if ($2 == "[k]") kernel += p
-      sym = $0; sub(/^ +[0-9.]+% +\[.\] +/, "", sym); sub(/ +$/, "", sym)
+  perf report -i "$1" --no-children --sort sym -g none -n 2>/dev/null | awk '
+    /^ +[0-9.]+% +[0-9]+ +\[/ {
+      p = $1; sub("%", "", p); all += p; n += $2
+      if ($3 == "[k]") kernel += p
+      sym = $0; sub(/^ +[0-9.]+% +[0-9]+ +\[.\] +/, "", sym); sub(/ +$/, "", sym)
       if (sym == "promnorm::wire::decode::DecodedRequest::decode_series" ||
           sym == "promnorm::mapping::apply::Mapper::apply" ||
           sym == "promnorm::mapping::apply::Mapper::map_request" ||
           sym == "snap::decompress::Decoder::decompress") base += p
     }
-    END { printf "%.4f %.4f %.4f\n", base, kernel, all }'
+    END { printf "%.4f %.4f %.4f %d\n", base, kernel, all, n }'
 }
 
 descendants() { # pid
@@ -77,7 +83,7 @@ descendants() { # pid
   done
 }
 
-profile() { # case round -> "base kernel all", or "0 0 0" when nothing was sampled
+profile() { # case round -> "base kernel all samples", or "0 0 0 0" when nothing was sampled
   local name=$1 round=$2 data=$work/$1.$2.data
   CASES=$name RESULTS=$work/runs.jsonl WARMUP=$WARMUP \
     bench/vs-vmagent.sh 1 "$DURATION" >"$work/$name.$round.log" 2>&1 &
@@ -97,27 +103,28 @@ profile() { # case round -> "base kernel all", or "0 0 0" when nothing was sampl
   done
   sleep $((WARMUP + 2))
   if [ -n "$pid" ]; then
-    perf record -F 999 -o "$data" -p "$pid" -- sleep $((DURATION - 4)) >/dev/null 2>&1 || true
+    perf record -F "$PERF_HZ" -o "$data" -p "$pid" -- sleep $((DURATION - 4)) >/dev/null 2>&1 || true
   fi
   wait $runner || true
-  if [ -s "$data" ]; then shares "$data"; else echo "0 0 0"; fi
+  if [ -s "$data" ]; then shares "$data"; else echo "0 0 0 0"; fi
 }
 
 for ((round = 0; round < ROUNDS; round++)); do
-  read -r b0 k0 a0 < <(profile promnorm-all-packs "$round")
+  read -r b0 k0 a0 n0 < <(profile promnorm-all-packs "$round")
   for name in "${CASES_WANTED[@]}"; do
-    read -r b k a < <(profile "$name" "$round")
+    read -r b k a n < <(profile "$name" "$round")
     if awk -v x="$b" -v y="$b0" 'BEGIN { exit !(x == 0 || y == 0) }'; then
       echo "round $round, $name: no profile of the SUT (see the harness's output); left out" >&2
       continue
     fi
     awk -v c="$name" -v r="$round" -v b="$b" -v k="$k" -v a="$a" \
-      -v b0="$b0" -v k0="$k0" -v a0="$a0" -v commit="$BENCH_COMMIT" 'BEGIN {
+      -v b0="$b0" -v k0="$k0" -v a0="$a0" -v n="$n" -v n0="$n0" -v hz="$PERF_HZ" \
+      -v commit="$BENCH_COMMIT" 'BEGIN {
         ratio = (b0 > 0) ? b / b0 : 0
         u = a - k; u0 = a0 - k0
         ratio_user = (b0 > 0 && u > 0) ? (b / u) / (b0 / u0) : 0
-        printf "{\"case\":\"%s\",\"round\":%d,\"base_share\":%.4f,\"kernel_share\":%.4f,\"base_share_all_packs\":%.4f,\"kernel_share_all_packs\":%.4f,\"ratio\":%.4f,\"ratio_user\":%.4f,\"commit\":\"%s\"}\n",
-          c, r, b, k, b0, k0, ratio, ratio_user, commit
+        printf "{\"case\":\"%s\",\"round\":%d,\"base_share\":%.4f,\"kernel_share\":%.4f,\"base_share_all_packs\":%.4f,\"kernel_share_all_packs\":%.4f,\"ratio\":%.4f,\"ratio_user\":%.4f,\"samples\":%d,\"samples_all_packs\":%d,\"perf_hz\":%d,\"commit\":\"%s\"}\n",
+          c, r, b, k, b0, k0, ratio, ratio_user, n, n0, hz, commit
       }' | tee -a "$RESULTS"
   done
 done

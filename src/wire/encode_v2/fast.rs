@@ -94,7 +94,8 @@ impl Default for PreviousLabels {
 }
 
 /// What the one-pass encoder may write past the series' own bytes: fixed-size copies
-/// (sixteen bytes of references, 32 of samples, 32 of metadata) and two more length bytes.
+/// (sixteen bytes of a label's references, 32 of a run's, 32 of samples, 32 of metadata)
+/// and two more length bytes.
 const SLACK: usize = 128;
 
 impl V2Encoder {
