@@ -16,7 +16,10 @@
 #           CPU per sample of the case
 #
 # which is the case's samples/s per core over every pack's, whatever the machine's
-# speed was in either run. `ratio` counts all the SUT's samples (kernel included: a
+# speed was in either run. Every pack is profiled before and after each case, and the
+# case is compared with the mean of the two: in a round whose one every-pack run came
+# out high or low, every case's ratio moved with it (the runs of one round are minutes
+# apart, each a new process). `ratio` counts all the SUT's samples (kernel included: a
 # disk queue's writes are its cost); `ratio_user` leaves the kernel's out (a run in
 # which the hypervisor's interrupts took a share shows in the gap). Not for 2.0 in or
 # pass-through: their input side differs. One JSON line per run (a run whose SUT could
@@ -113,19 +116,29 @@ for ((round = 0; round < ROUNDS; round++)); do
   read -r b0 k0 a0 n0 < <(profile promnorm-all-packs "$round")
   for name in "${CASES_WANTED[@]}"; do
     read -r b k a n < <(profile "$name" "$round")
+    # Every pack again, after the case: the next case's "before".
+    read -r b1 k1 a1 n1 < <(profile promnorm-all-packs "$round")
     if awk -v x="$b" -v y="$b0" 'BEGIN { exit !(x == 0 || y == 0) }'; then
       echo "round $round, $name: no profile of the SUT (see the harness's output); left out" >&2
-      continue
+    else
+      awk -v c="$name" -v r="$round" -v b="$b" -v k="$k" -v a="$a" -v n="$n" \
+        -v b0="$b0" -v k0="$k0" -v a0="$a0" -v n0="$n0" \
+        -v b1="$b1" -v k1="$k1" -v a1="$a1" -v n1="$n1" -v hz="$PERF_HZ" \
+        -v commit="$BENCH_COMMIT" 'BEGIN {
+          # The mean of every pack before and after the case (before alone when the run
+          # after could not be profiled).
+          if (b1 > 0) { bm = (b0 + b1) / 2; km = (k0 + k1) / 2; am = (a0 + a1) / 2; nm = n0 + n1 }
+          else { bm = b0; km = k0; am = a0; nm = n0 }
+          ratio = b / bm
+          u = a - k; um = am - km
+          ratio_user = (u > 0) ? (b / u) / (bm / um) : 0
+          printf "{\"case\":\"%s\",\"round\":%d,\"base_share\":%.4f,\"kernel_share\":%.4f,\"base_share_all_packs\":%.4f,\"kernel_share_all_packs\":%.4f,\"base_share_all_packs_before\":%.4f,\"base_share_all_packs_after\":%.4f,\"ratio\":%.4f,\"ratio_user\":%.4f,\"samples\":%d,\"samples_all_packs\":%d,\"perf_hz\":%d,\"commit\":\"%s\"}\n",
+            c, r, b, k, bm, km, b0, b1, ratio, ratio_user, n, nm, hz, commit
+        }' | tee -a "$RESULTS"
     fi
-    awk -v c="$name" -v r="$round" -v b="$b" -v k="$k" -v a="$a" \
-      -v b0="$b0" -v k0="$k0" -v a0="$a0" -v n="$n" -v n0="$n0" -v hz="$PERF_HZ" \
-      -v commit="$BENCH_COMMIT" 'BEGIN {
-        ratio = (b0 > 0) ? b / b0 : 0
-        u = a - k; u0 = a0 - k0
-        ratio_user = (b0 > 0 && u > 0) ? (b / u) / (b0 / u0) : 0
-        printf "{\"case\":\"%s\",\"round\":%d,\"base_share\":%.4f,\"kernel_share\":%.4f,\"base_share_all_packs\":%.4f,\"kernel_share_all_packs\":%.4f,\"ratio\":%.4f,\"ratio_user\":%.4f,\"samples\":%d,\"samples_all_packs\":%d,\"perf_hz\":%d,\"commit\":\"%s\"}\n",
-          c, r, b, k, b0, k0, ratio, ratio_user, n, n0, hz, commit
-      }' | tee -a "$RESULTS"
+    if awk -v x="$b1" 'BEGIN { exit !(x > 0) }'; then
+      b0=$b1 k0=$k1 a0=$a1 n0=$n1
+    fi
   done
 done
 
