@@ -49,6 +49,20 @@ fn varint_word(v: u32) -> (u64, u32) {
     (word | (v << (8 * len)), len + 1)
 }
 
+/// Copies `src[from..from + len]` to the start of `out` and returns `len`: one fixed-size
+/// copy of 32 bytes when `len` is at most that and `src` holds them (the bytes past `len`
+/// are the caller's to write over), else an exact one. `None` when either is too short.
+#[inline(always)]
+fn copy_short(src: &[u8], from: usize, len: usize, out: &mut [u8]) -> Option<usize> {
+    match src.get(from..from + 32) {
+        Some(block) if len <= 32 => out.get_mut(..32)?.copy_from_slice(block),
+        _ => out
+            .get_mut(..len)?
+            .copy_from_slice(src.get(from..from + len)?),
+    }
+    Some(len)
+}
+
 /// The labels of the previous series the one-pass encoder wrote, by index. Label `m`'s
 /// encoded field follows label `m-1`'s in the mapped body, from `begin` to `end`, and
 /// its references follow label `m-1`'s in the encoder's output, from `refs_at`. Its
@@ -162,15 +176,9 @@ impl V2Encoder {
                     refs += usize::from(prev.refs_len[k]);
                     k += 1;
                 }
-                // The covered labels' references, one piece: one fixed-size copy when
-                // short (its bytes past `refs` are written over or lie past the series).
-                match done.get(prev_refs..prev_refs + 32) {
-                    Some(block) if refs <= 32 => o.get_mut(w..w + 32)?.copy_from_slice(block),
-                    _ => o
-                        .get_mut(w..w + refs)?
-                        .copy_from_slice(done.get(prev_refs..prev_refs + refs)?),
-                }
-                w += refs;
+                // The covered labels' references, one piece (its bytes past `refs` are
+                // written over or lie past the series).
+                w += copy_short(done, prev_refs, refs, o.get_mut(w..)?)?;
                 prev_refs += refs;
                 rest = rest.get(covered..)?;
                 pos += covered;
@@ -272,17 +280,10 @@ impl V2Encoder {
             w += 1;
             refs_at = 5;
         }
-        // The samples as they are (2.0 numbers them like 1.0): one fixed-size copy when
-        // short, reading on into the next series' bytes, which the metadata and the next
-        // series write over or which lie past `series_len`.
-        let samples_len = end - samples_at;
-        match buf.get(samples_at..samples_at + 32) {
-            Some(block) if samples_len <= 32 => o.get_mut(w..w + 32)?.copy_from_slice(block),
-            _ => o
-                .get_mut(w..w + samples_len)?
-                .copy_from_slice(&buf[samples_at..end]),
-        }
-        w += samples_len;
+        // The samples as they are (2.0 numbers them like 1.0), reading on into the next
+        // series' bytes, which the metadata and the next series write over or which lie
+        // past `series_len`.
+        w += copy_short(buf, samples_at, end - samples_at, o.get_mut(w..)?)?;
         w += put_series_metadata(o.get_mut(w..w + 32)?.try_into().ok()?, metadata);
         let len = w - 2;
         if len < 0x80 {
