@@ -471,19 +471,21 @@ impl TenantSplit {
             body.series += 1;
             body.samples += samples;
             let as_it_is = one_byte_key && (opts.keep_label || label_at.is_none());
-            match run {
-                Some((b, _, end)) if as_it_is && b == i && end == from => {
-                    run = run.map(|(b, start, _)| (b, start, e));
-                    continue;
-                }
+            let run_start = match run {
+                Some((b, start, end)) if as_it_is && b == i && end == from => Some(start),
                 Some((b, start, end)) => {
                     self.bodies[b].append_piece(v1, start, end);
                     run = None;
+                    as_it_is.then_some(from)
                 }
-                None => {}
-            }
-            if as_it_is {
-                run = Some((i, from, e));
+                None => as_it_is.then_some(from),
+            };
+            if let Some(start) = run_start {
+                // The series after it, while they join this run: the usual step.
+                let (pos, last) = self.extend_run(v1, e, (i, name), opts, metric_name);
+                run = Some((i, start, pos));
+                previous = Some((last, i));
+                r = Reader::new(v1, pos, v1.len());
                 continue;
             }
             let body = self.bodies[i].own_bytes(v1);
@@ -524,6 +526,64 @@ impl TenantSplit {
             }
         }
         Ok(&self.bodies[..self.used])
+    }
+
+    /// The split's usual step, series after series from `v1[pos..]` for as long as each
+    /// joins the run of series of tenant body `body` (whose tenant is `tenant`) that go as
+    /// they are: key 0x0a and a length of one or two bytes, read by
+    /// [`series_fields_fast`], of that tenant, keeping its tenant label or without one. A
+    /// function of its own so that its few values stay in registers; the series it stops
+    /// at takes the loop's general step. `name`: the previous series' metric name. Returns
+    /// where it stopped and the last series' metric name.
+    #[inline(never)]
+    fn extend_run(
+        &mut self,
+        v1: &[u8],
+        mut pos: usize,
+        (body, tenant): (usize, Option<&[u8]>),
+        opts: &SplitOptions<'_>,
+        mut name: Bounds,
+    ) -> (usize, Bounds) {
+        let (mut series, mut samples) = (0usize, 0u64);
+        while let Some(&[key, len0, len1]) = v1.get(pos..).and_then(<[u8]>::first_chunk::<3>) {
+            let (len, start) = match (key, len0, len1) {
+                (0x0a, 0..0x80, _) => (usize::from(len0), pos + 2),
+                (0x0a, _, 0..0x80) => (usize::from(len0 & 0x7f) | usize::from(len1) << 7, pos + 3),
+                _ => break,
+            };
+            let end = start + len;
+            if end > v1.len() {
+                break;
+            }
+            let Some(fields) = series_fields_fast(v1, start, end, opts.label) else {
+                break;
+            };
+            let own = fields
+                .tenant
+                .map(|(a, b)| &v1[a..b])
+                .filter(|t| !t.is_empty())
+                .or(opts.default);
+            let same_tenant = match (own, tenant) {
+                (Some(a), Some(b)) => short_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            if !same_tenant || !(opts.keep_label || fields.label_at.is_none()) {
+                break;
+            }
+            let m = fields.metric_name;
+            let repeat = short_eq(&v1[name.0..name.1], &v1[m.0..m.1]);
+            name = m;
+            if m.1 > m.0 && !repeat {
+                self.note_seen(v1, m, body as u32);
+            }
+            series += 1;
+            samples += fields.samples;
+            pos = end;
+        }
+        let b = &mut self.bodies[body];
+        b.series += series;
+        b.samples += samples;
+        (pos, name)
     }
 
     /// Records that a series named `v1[name]` went to tenant body `body`: pushed onto
@@ -832,6 +892,8 @@ mod tests {
             let mut labels: Vec<(usize, usize, bool)> = vec![(0, 2, false), (1, 0, false)];
             let mut body = Vec::new();
             let mut expected: Vec<TenantSeries> = Vec::new();
+            // Each series' metric name (the last `__name__`), when it has one.
+            let mut names: Vec<&str> = Vec::new();
             let mut sample = vec![0x09];
             sample.extend_from_slice(&1f64.to_bits().to_le_bytes());
             sample.extend_from_slice(&[0x10, 0x01]);
@@ -858,6 +920,11 @@ mod tests {
                 }
                 crate::wire::pb::put_bytes_field(&mut series, 2, &sample);
                 crate::wire::pb::put_bytes_field(&mut body, 1, &series);
+                if let Some(name) = labels.iter().rev().find(|l| l.0 == 0)
+                    && !values[name.1].is_empty()
+                {
+                    names.push(values[name.1]);
+                }
                 let last_tenant = labels.iter().rposition(|l| l.0 == 1);
                 let tenant = last_tenant
                     .map(|i| values[labels[i].1])
@@ -872,10 +939,39 @@ mod tests {
                     .collect();
                 expected.push((tenant, kept));
             }
+            // The metadata of every family a series has: it goes to the tenants of the
+            // series named so, read from the names the split noted.
+            let mut families: Vec<&str> = names.clone();
+            families.sort_unstable();
+            families.dedup();
+            for f in &families {
+                write_metadata(&mut body, 1, f.as_bytes(), b"", b"");
+            }
             let default: Option<&'static [u8]> = if keep_label { Some(b"anon") } else { None };
             let mut split = TenantSplit::new();
             for round in 0..2 {
                 let bodies = split.split(&body, &opts(default, keep_label, 100)).unwrap();
+                let mut want_families: Vec<(Option<String>, Vec<String>)> = Vec::new();
+                for b in bodies {
+                    let (t, req) = decoded(b, &body);
+                    proptest::prop_assert_eq!(b.series, req.timeseries.len(), "round {}", round);
+                    let mut f: Vec<String> = req
+                        .timeseries
+                        .iter()
+                        .filter_map(|ts| ts.labels.iter().rev().find(|l| l.name == "__name__"))
+                        .map(|l| l.value.clone())
+                        .filter(|v| !v.is_empty())
+                        .collect();
+                    f.sort();
+                    f.dedup();
+                    want_families.push((t, f));
+                }
+                proptest::prop_assert_eq!(
+                    families_by_tenant(bodies, &body),
+                    want_families,
+                    "round {}",
+                    round
+                );
                 let mut got: Vec<TenantSeries> = Vec::new();
                 let mut order: Vec<Option<String>> = Vec::new();
                 for (t, _) in &expected {
