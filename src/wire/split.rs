@@ -395,20 +395,33 @@ impl TenantSplit {
         // Consecutive series of one tenant body that go as they are, still to copy: (body,
         // start, end) of their fields in `v1`, copied in one piece.
         let mut run: Option<(usize, usize, usize)> = None;
-        while !r.is_done() {
-            let from = r.pos();
-            let one_byte_key = r.eat(0x0a);
-            if !one_byte_key {
-                let (field, wire) = r.key()?;
-                if field != 1 || wire != WIRE_LEN {
-                    has_metadata |= field == 3;
-                    r.skip(wire)?;
-                    continue;
+        // A series `extend_run` read but did not take: read once, not twice.
+        let mut handed: Option<Handed> = None;
+        while handed.is_some() || !r.is_done() {
+            let (from, one_byte_key, s, e, fast) = match handed.take() {
+                Some(h) => (h.from, true, h.start, h.end, Some(h.fields)),
+                None => {
+                    let from = r.pos();
+                    let one_byte_key = r.eat(0x0a);
+                    if !one_byte_key {
+                        let (field, wire) = r.key()?;
+                        if field != 1 || wire != WIRE_LEN {
+                            has_metadata |= field == 3;
+                            r.skip(wire)?;
+                            continue;
+                        }
+                    }
+                    let (s, e) = r.len_delimited()?;
+                    // The tenant label, and where it sits in the series.
+                    (
+                        from,
+                        one_byte_key,
+                        s,
+                        e,
+                        series_fields_fast(v1, s, e, opts.label),
+                    )
                 }
-            }
-            let (s, e) = r.len_delimited()?;
-            // The tenant label, and where it sits in the series.
-            let fast = series_fields_fast(v1, s, e, opts.label);
+            };
             let walked = fast.is_some();
             let SeriesFields {
                 mut tenant,
@@ -482,10 +495,11 @@ impl TenantSplit {
             };
             if let Some(start) = run_start {
                 // The series after it, while they join this run: the usual step.
-                let (pos, last) = self.extend_run(v1, e, (i, name), opts, metric_name);
+                let (pos, last, next) = self.extend_run(v1, e, (i, name), opts, metric_name);
                 run = Some((i, start, pos));
                 previous = Some((last, i));
-                r = Reader::new(v1, pos, v1.len());
+                r = Reader::new(v1, next.as_ref().map_or(pos, |h| h.end), v1.len());
+                handed = next;
                 continue;
             }
             let body = self.bodies[i].own_bytes(v1);
@@ -534,7 +548,8 @@ impl TenantSplit {
     /// [`series_fields_fast`], of that tenant, keeping its tenant label or without one. A
     /// function of its own so that its few values stay in registers; the series it stops
     /// at takes the loop's general step. `name`: the previous series' metric name. Returns
-    /// where it stopped and the last series' metric name.
+    /// where it stopped, the last series' metric name, and the series it stopped at when
+    /// it read that one (another tenant's, or one whose tenant label goes).
     #[inline(never)]
     fn extend_run(
         &mut self,
@@ -543,8 +558,9 @@ impl TenantSplit {
         (body, tenant): (usize, Option<&[u8]>),
         opts: &SplitOptions<'_>,
         mut name: Bounds,
-    ) -> (usize, Bounds) {
+    ) -> (usize, Bounds, Option<Handed>) {
         let (mut series, mut samples) = (0usize, 0u64);
+        let mut handed = None;
         while let Some(&[key, len0, len1]) = v1.get(pos..).and_then(<[u8]>::first_chunk::<3>) {
             let (len, start) = match (key, len0, len1) {
                 (0x0a, 0..0x80, _) => (usize::from(len0), pos + 2),
@@ -568,6 +584,12 @@ impl TenantSplit {
                 (a, b) => a.is_none() && b.is_none(),
             };
             if !same_tenant || !(opts.keep_label || fields.label_at.is_none()) {
+                handed = Some(Handed {
+                    from: pos,
+                    start,
+                    end,
+                    fields,
+                });
                 break;
             }
             let m = fields.metric_name;
@@ -583,7 +605,7 @@ impl TenantSplit {
         let b = &mut self.bodies[body];
         b.series += series;
         b.samples += samples;
-        (pos, name)
+        (pos, name, handed)
     }
 
     /// Records that a series named `v1[name]` went to tenant body `body`: pushed onto
@@ -772,6 +794,15 @@ fn name_fingerprint(name: &[u8]) -> u32 {
         _ => name.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)),
     };
     ((tail ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u32
+}
+
+/// A series [`TenantSplit::extend_run`] read and left to the loop's general step: where
+/// its field starts (key), where its message starts and ends, and what it read of it.
+struct Handed {
+    from: usize,
+    start: usize,
+    end: usize,
+    fields: SeriesFields,
 }
 
 /// What the split needs of one series.
