@@ -571,7 +571,7 @@ impl TenantSplit {
             if end > v1.len() {
                 break;
             }
-            let Some(fields) = series_fields_fast(v1, start, end, opts.label) else {
+            let Some(fields) = series_fields_inline(v1, start, end, opts.label) else {
                 break;
             };
             let own = fields
@@ -827,6 +827,18 @@ fn series_fields_fast(
     end: usize,
     tenant_label: &[u8],
 ) -> Option<SeriesFields> {
+    series_fields_inline(buf, start, end, tenant_label)
+}
+
+/// [`series_fields_fast`], inlined where it is called (`TenantSplit::extend_run`, whose
+/// loop it is most of).
+#[inline(always)]
+fn series_fields_inline(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    tenant_label: &[u8],
+) -> Option<SeriesFields> {
     let msg = buf.get(start..end)?;
     let mut out = SeriesFields {
         tenant: None,
@@ -835,34 +847,39 @@ fn series_fields_fast(
         samples: 0,
     };
     // The labels, each `0x0a LEN 0x0a NL name 0x12 VL value` with the value filling the
-    // rest exactly; `rest` is what follows the labels read so far.
-    let mut rest = msg;
-    while rest.first() == Some(&0x0a) {
-        let head = *rest.first_chunk::<4>()?;
-        if u32::from_le_bytes(head) & 0x80ff_80ff != 0x000a_000a {
+    // rest exactly, read by position; every read is `get(at..)` then a fixed-size chunk:
+    // no `at + N` that could overflow, so no check for it in the loop.
+    let tenant_len = tenant_label.len();
+    let mut p = 0;
+    while let Some(head) = msg.get(p..).and_then(<[u8]>::first_chunk::<4>) {
+        let head = u32::from_le_bytes(*head);
+        // Key 0x0a, length < 128, name key 0x0a, name length < 128.
+        if head & 0x80ff_80ff != 0x000a_000a {
+            if head & 0xff == 0x0a {
+                return None;
+            }
+            break;
+        }
+        let (len, name_len) = (((head >> 8) & 0x7f) as usize, (head >> 24) as usize);
+        let next = p + 2 + len;
+        let value_key = p + 4 + name_len;
+        // The value's key and length fill the rest of the label exactly.
+        let &[key, value_len] = msg.get(value_key..).and_then(<[u8]>::first_chunk::<2>)?;
+        if next > msg.len() || key != 0x12 || value_key + 2 + usize::from(value_len) != next {
             return None;
         }
-        let (len, name_len) = (head[1] as usize, head[3] as usize);
-        let (field, after) = rest.split_at_checked(2 + len)?;
-        let (name, value_field) = field.get(4..)?.split_at_checked(name_len)?;
-        let (&[0x12, value_len], value) = value_field.split_first_chunk::<2>()? else {
-            return None;
-        };
-        if value.len() != usize::from(value_len) {
-            return None;
+        if name_len == tenant_len
+            && msg
+                .get(p + 4..value_key)
+                .is_some_and(|name| short_eq(name, tenant_label))
+        {
+            out.tenant = Some((start + value_key + 2, start + next));
+            out.label_at = Some((start + p, start + next));
+        } else if name_len == 8 && msg.get(p + 4..value_key).is_some_and(is_metric_name) {
+            out.metric_name = (start + value_key + 2, start + next);
         }
-        if name.len() == tenant_label.len() && short_eq(name, tenant_label) {
-            let at = start + (msg.len() - rest.len());
-            let value_at = at + 6 + name_len;
-            out.tenant = Some((value_at, value_at + value.len()));
-            out.label_at = Some((at, at + 2 + len));
-        } else if is_metric_name(name) {
-            let value_at = start + (msg.len() - rest.len()) + 6 + name_len;
-            out.metric_name = (value_at, value_at + value.len());
-        }
-        rest = after;
+        p = next;
     }
-    let mut p = msg.len() - rest.len();
     while p < msg.len() {
         let head = msg.get(p..p + 2)?;
         let len = head[1] as usize;
@@ -1059,6 +1076,75 @@ mod tests {
             b.tenant().map(|t| String::from_utf8(t.to_vec()).unwrap()),
             pb::WriteRequest::decode(b.bytes(input)).unwrap(),
         )
+    }
+
+    /// A body with every byte changed (to a few values each) and cut at every length: the
+    /// split never panics, and whenever prost reads the body, every series reaches the
+    /// tenant its last `tenant` label names, as prost reads that label (a `Label` with
+    /// two name fields is named by the last), in the order it came.
+    #[test]
+    fn changed_bytes_split_as_prost_reads_them_or_fail() {
+        let mut body = request(&[Some("a"), Some("a"), None, Some("b"), Some("a")]);
+        // A value of 200 bytes: a label and a series with two-byte lengths.
+        let mut scratch = Vec::new();
+        let mut w = SeriesWriter::new(&mut scratch);
+        w.label(b"__name__", b"up");
+        w.label(b"tenant", "c".repeat(200).as_bytes());
+        w.sample(1f64.to_bits(), 1000);
+        w.finish(&mut body);
+        let mut split = TenantSplit::new();
+        let mut checked = 0;
+        let mut check = |bytes: &[u8], keep_label: bool| {
+            let opts = opts(Some(b"anon"), keep_label, 100);
+            let Ok(bodies) = split.split(bytes, &opts) else {
+                return;
+            };
+            let Ok(req) = pb::WriteRequest::decode(bytes) else {
+                return;
+            };
+            let want: Vec<(Option<String>, usize)> = req
+                .timeseries
+                .iter()
+                .map(|ts| {
+                    let t = ts.labels.iter().rev().find(|l| l.name == "tenant");
+                    let t = t.map(|l| l.value.clone()).filter(|v| !v.is_empty());
+                    (t.or(Some("anon".into())), ts.samples.len())
+                })
+                .collect();
+            let mut order: Vec<Option<String>> = Vec::new();
+            for (t, _) in &want {
+                if !order.contains(t) {
+                    order.push(t.clone());
+                }
+            }
+            let got: Vec<(Option<String>, usize)> = bodies
+                .iter()
+                .flat_map(|b| {
+                    let (t, r) = decoded(b, bytes);
+                    r.timeseries
+                        .into_iter()
+                        .map(move |ts| (t.clone(), ts.samples.len()))
+                })
+                .collect();
+            let mut grouped = Vec::new();
+            for t in &order {
+                grouped.extend(want.iter().filter(|(u, _)| u == t).cloned());
+            }
+            assert_eq!(got, grouped, "{bytes:02x?}");
+            checked += 1;
+        };
+        for at in 0..body.len() {
+            for value in [0x00, 0x01, 0x0a, 0x12, 0x7f, 0x80, 0xff, body[at] ^ 0x01] {
+                let mut changed = body.clone();
+                changed[at] = value;
+                check(&changed, at % 2 == 0);
+            }
+        }
+        for len in 0..body.len() {
+            check(&body[..len], len % 2 == 0);
+        }
+        // Most changes leave a body prost reads: the comparison ran, not only the split.
+        assert!(checked > body.len() * 4, "{checked} of {}", body.len() * 9);
     }
 
     /// Each body's tenant and the metadata families it holds, sorted.
