@@ -544,8 +544,8 @@ impl TenantSplit {
 
     /// The split's usual step, series after series from `v1[pos..]` for as long as each
     /// joins the run of series of tenant body `body` (whose tenant is `tenant`) that go as
-    /// they are: key 0x0a and a length of one or two bytes, read by
-    /// [`series_fields_fast`], of that tenant, keeping its tenant label or without one. A
+    /// they are: key 0x0a and a length of one or two bytes, read as
+    /// [`series_fields_fast`] reads it, of that tenant, keeping its tenant label or without one. A
     /// function of its own so that its few values stay in registers; the series it stops
     /// at takes the loop's general step. `name`: the previous series' metric name. Returns
     /// where it stopped, the last series' metric name, and the series it stopped at when
@@ -847,8 +847,8 @@ fn series_fields_inline(
         samples: 0,
     };
     // The labels, each `0x0a LEN 0x0a NL name 0x12 VL value` with the value filling the
-    // rest exactly, read by position; every read is `get(at..)` then a fixed-size chunk:
-    // no `at + N` that could overflow, so no check for it in the loop.
+    // rest exactly, read by position; every read is `get(at..)` then a fixed-size chunk,
+    // not `get(at..at + N)`: no check in the loop that `at + N` overflows.
     let tenant_len = tenant_label.len();
     let mut p = 0;
     while let Some(head) = msg.get(p..).and_then(<[u8]>::first_chunk::<4>) {
@@ -1078,14 +1078,63 @@ mod tests {
         )
     }
 
-    /// A body with every byte changed (to a few values each) and cut at every length: the
-    /// split never panics, and whenever prost reads the body, every series reaches the
-    /// tenant its last `tenant` label names, as prost reads that label (a `Label` with
-    /// two name fields is named by the last), in the order it came.
+    /// Splits `bytes` and, when prost reads them too, checks that every series reached
+    /// the tenant prost's reading of its last `tenant` label names (`anon` without one),
+    /// with its samples, in the order it came. `Some(true)`: compared; `Some(false)`:
+    /// prost does not read the body; `None`: the split refused it.
+    fn split_as_prost_reads(
+        split: &mut TenantSplit,
+        bytes: &[u8],
+        keep_label: bool,
+    ) -> Option<bool> {
+        let opts = opts(Some(b"anon"), keep_label, 100);
+        let bodies = split.split(bytes, &opts).ok()?;
+        let Ok(req) = pb::WriteRequest::decode(bytes) else {
+            return Some(false);
+        };
+        let want: Vec<(Option<String>, usize)> = req
+            .timeseries
+            .iter()
+            .map(|ts| {
+                let t = ts.labels.iter().rev().find(|l| l.name == "tenant");
+                let t = t.map(|l| l.value.clone()).filter(|v| !v.is_empty());
+                (t.or(Some("anon".into())), ts.samples.len())
+            })
+            .collect();
+        let mut order: Vec<Option<String>> = Vec::new();
+        for (t, _) in &want {
+            if !order.contains(t) {
+                order.push(t.clone());
+            }
+        }
+        let got: Vec<(Option<String>, usize)> = bodies
+            .iter()
+            .flat_map(|b| {
+                let (t, r) = decoded(b, bytes);
+                r.timeseries
+                    .into_iter()
+                    .map(move |ts| (t.clone(), ts.samples.len()))
+            })
+            .collect();
+        let mut grouped = Vec::new();
+        for t in &order {
+            grouped.extend(want.iter().filter(|(u, _)| u == t).cloned());
+        }
+        assert_eq!(got, grouped, "{bytes:02x?}");
+        let series: usize = bodies.iter().map(|b| b.series).sum();
+        assert_eq!(series, req.timeseries.len());
+        Some(true)
+    }
+
+    /// A body with every byte changed (to up to eight values each) and cut at every
+    /// length: the split never panics, and whenever prost reads the body, every series
+    /// reaches the tenant its last `tenant` label names as prost reads that label (a
+    /// `Label` with two name fields is named by the last), in the order it came.
     #[test]
     fn changed_bytes_split_as_prost_reads_them_or_fail() {
         let mut body = request(&[Some("a"), Some("a"), None, Some("b"), Some("a")]);
-        // A value of 200 bytes: a label and a series with two-byte lengths.
+        // A value of 200 bytes: a label and a series with two-byte lengths (the general
+        // step's).
         let mut scratch = Vec::new();
         let mut w = SeriesWriter::new(&mut scratch);
         w.label(b"__name__", b"up");
@@ -1095,43 +1144,9 @@ mod tests {
         let mut split = TenantSplit::new();
         let mut checked = 0;
         let mut check = |bytes: &[u8], keep_label: bool| {
-            let opts = opts(Some(b"anon"), keep_label, 100);
-            let Ok(bodies) = split.split(bytes, &opts) else {
-                return;
-            };
-            let Ok(req) = pb::WriteRequest::decode(bytes) else {
-                return;
-            };
-            let want: Vec<(Option<String>, usize)> = req
-                .timeseries
-                .iter()
-                .map(|ts| {
-                    let t = ts.labels.iter().rev().find(|l| l.name == "tenant");
-                    let t = t.map(|l| l.value.clone()).filter(|v| !v.is_empty());
-                    (t.or(Some("anon".into())), ts.samples.len())
-                })
-                .collect();
-            let mut order: Vec<Option<String>> = Vec::new();
-            for (t, _) in &want {
-                if !order.contains(t) {
-                    order.push(t.clone());
-                }
+            if split_as_prost_reads(&mut split, bytes, keep_label) == Some(true) {
+                checked += 1;
             }
-            let got: Vec<(Option<String>, usize)> = bodies
-                .iter()
-                .flat_map(|b| {
-                    let (t, r) = decoded(b, bytes);
-                    r.timeseries
-                        .into_iter()
-                        .map(move |ts| (t.clone(), ts.samples.len()))
-                })
-                .collect();
-            let mut grouped = Vec::new();
-            for t in &order {
-                grouped.extend(want.iter().filter(|(u, _)| u == t).cloned());
-            }
-            assert_eq!(got, grouped, "{bytes:02x?}");
-            checked += 1;
         };
         for at in 0..body.len() {
             for value in [0x00, 0x01, 0x0a, 0x12, 0x7f, 0x80, 0xff, body[at] ^ 0x01] {
@@ -1145,6 +1160,74 @@ mod tests {
         }
         // Most changes leave a body prost reads: the comparison ran, not only the split.
         assert!(checked > body.len() * 4, "{checked} of {}", body.len() * 9);
+    }
+
+    /// Series whose labels are all short but whose own length takes two bytes (128 to
+    /// 16,383: `extend_run` reads them) or three (the general step's), and empty series
+    /// (`0x0a 0x00`) among them and last, in runs of one tenant and across tenants.
+    #[test]
+    fn long_series_of_short_labels_and_empty_series_split_as_prost_reads_them() {
+        let mut scratch = Vec::new();
+        let series = |body: &mut Vec<u8>, scratch: &mut Vec<u8>, tenant: &str, labels: usize| {
+            let mut w = SeriesWriter::new(scratch);
+            w.label(b"__name__", b"up");
+            for i in 0..labels {
+                w.label(format!("l{i:04}").as_bytes(), "v".repeat(100).as_bytes());
+            }
+            w.label(b"tenant", tenant.as_bytes());
+            w.sample(1f64.to_bits(), 1000);
+            w.finish(body);
+        };
+        let mut body = Vec::new();
+        series(&mut body, &mut scratch, "a", 0);
+        series(&mut body, &mut scratch, "a", 2); // 2-byte length
+        series(&mut body, &mut scratch, "a", 100); // 2-byte length, 11,000 bytes
+        body.extend_from_slice(&[0x0a, 0x00]);
+        series(&mut body, &mut scratch, "a", 3);
+        series(&mut body, &mut scratch, "a", 160); // 3-byte length
+        series(&mut body, &mut scratch, "a", 1);
+        series(&mut body, &mut scratch, "b", 4);
+        series(&mut body, &mut scratch, "b", 0);
+        series(&mut body, &mut scratch, "a", 2);
+        body.extend_from_slice(&[0x0a, 0x00]);
+        let mut split = TenantSplit::new();
+        for keep_label in [true, false] {
+            assert_eq!(
+                split_as_prost_reads(&mut split, &body, keep_label),
+                Some(true)
+            );
+            // The same series, every cut at a series' end.
+            let mut r = Reader::new(&body, 0, body.len());
+            while !r.is_done() {
+                r.key().unwrap();
+                r.len_delimited().unwrap();
+                let cut = &body[..r.pos()];
+                assert_eq!(
+                    split_as_prost_reads(&mut split, cut, keep_label),
+                    Some(true)
+                );
+            }
+        }
+        // Three tenants: `a`, the empty series' default, `b`.
+        let bodies = split.split(&body, &opts(Some(b"anon"), true, 100)).unwrap();
+        let series: Vec<usize> = bodies.iter().map(|b| b.series).collect();
+        assert_eq!(series, [7, 2, 2]);
+        // `extend_run` itself takes the series of two-byte lengths (a wrong start would
+        // only leave them to the general step, with the same result, slower): from the
+        // second series on, it stops at the empty one and hands it over.
+        let mut ends = Vec::new();
+        let mut r = Reader::new(&body, 0, body.len());
+        while !r.is_done() {
+            r.key().unwrap();
+            r.len_delimited().unwrap();
+            ends.push(r.pos());
+        }
+        let opts = opts(Some(b"anon"), true, 100);
+        let (pos, _, handed) = split.extend_run(&body, ends[0], (0, Some(b"a")), &opts, (0, 0));
+        assert_eq!(pos, ends[2]);
+        let handed = handed.expect("the empty series, read and handed over");
+        assert_eq!((handed.from, handed.end), (ends[2], ends[3]));
+        assert_eq!(handed.fields.tenant, None);
     }
 
     /// Each body's tenant and the metadata families it holds, sorted.
