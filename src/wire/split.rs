@@ -459,17 +459,10 @@ impl TenantSplit {
                     }
                 }
             }
-            let name = tenant
-                .map(|(a, b)| &v1[a..b])
-                .filter(|t| !t.is_empty())
-                .or(opts.default);
+            let name = tenant_of(v1, tenant, opts);
             // Series of one target come together: the previous tenant's body, unhashed.
-            let same_tenant = |t: Option<&[u8]>| match (t, name) {
-                (Some(a), Some(b)) => short_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            };
             let i = match last_tenant {
-                Some((t, i)) if same_tenant(t) => i,
+                Some((t, i)) if same_tenant(t, name) => i,
                 _ => self.body_for(name, opts.max_tenants)?,
             };
             last_tenant = Some((name, i));
@@ -574,16 +567,8 @@ impl TenantSplit {
             let Some(fields) = series_fields_inline(v1, start, end, opts.label) else {
                 break;
             };
-            let own = fields
-                .tenant
-                .map(|(a, b)| &v1[a..b])
-                .filter(|t| !t.is_empty())
-                .or(opts.default);
-            let same_tenant = match (own, tenant) {
-                (Some(a), Some(b)) => short_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            };
-            if !same_tenant || !(opts.keep_label || fields.label_at.is_none()) {
+            let own = tenant_of(v1, fields.tenant, opts);
+            if !same_tenant(own, tenant) || !(opts.keep_label || fields.label_at.is_none()) {
                 handed = Some(Handed {
                     from: pos,
                     start,
@@ -794,6 +779,29 @@ fn name_fingerprint(name: &[u8]) -> u32 {
         _ => name.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)),
     };
     ((tail ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u32
+}
+
+/// The tenant a series goes to: its tenant label's value `v1[tenant]`, or the default
+/// when it has none or an empty one.
+#[inline(always)]
+fn tenant_of<'a>(
+    v1: &'a [u8],
+    tenant: Option<Bounds>,
+    opts: &SplitOptions<'a>,
+) -> Option<&'a [u8]> {
+    tenant
+        .map(|(a, b)| &v1[a..b])
+        .filter(|t| !t.is_empty())
+        .or(opts.default)
+}
+
+/// Whether two series' tenants ([`tenant_of`]) are the same one.
+#[inline(always)]
+fn same_tenant(a: Option<&[u8]>, b: Option<&[u8]>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => short_eq(a, b),
+        (a, b) => a.is_none() && b.is_none(),
+    }
 }
 
 /// A series [`TenantSplit::extend_run`] read and left to the loop's general step: where
