@@ -137,10 +137,13 @@ impl V2Encoder {
         }
         let V2Encoder {
             symbols,
-            previous: prev,
+            previous,
             series_out,
             ..
         } = self;
+        // The labels behind the box, once: through `&mut Box` every store to a label
+        // reloaded the box's pointer.
+        let prev: &mut PreviousLabels = previous;
         // What was written before this series (the previous series' references among it),
         // and this series' room.
         let (done, o) = series_out.split_at_mut(head);
@@ -167,13 +170,15 @@ impl V2Encoder {
                 // bytes: every one the equal bytes cover is this series' next label.
                 let equal = common_prefix(rest, buf.get(prev_at..prev_end)?);
                 let (mut covered, mut refs) = (0, 0);
-                while k < prev_len {
-                    let len = usize::from(*prev.field_len.get(k)?);
+                let lens = prev.field_len.get(k..prev_len)?;
+                let refs_lens = prev.refs_len.get(k..prev_len)?;
+                for (&len, &label_refs) in lens.iter().zip(refs_lens) {
+                    let len = usize::from(len);
                     if covered + len > equal {
                         break;
                     }
                     covered += len;
-                    refs += usize::from(prev.refs_len[k]);
+                    refs += usize::from(label_refs);
                     k += 1;
                 }
                 // The covered labels' references, one piece (its bytes past `refs` are
@@ -284,7 +289,9 @@ impl V2Encoder {
         // series' bytes, which the metadata and the next series write over or which lie
         // past `series_len`.
         w += copy_short(buf, samples_at, end - samples_at, o.get_mut(w..)?)?;
-        w += put_series_metadata(o.get_mut(w..w + 32)?.try_into().ok()?, metadata);
+        if metadata.is_some() {
+            w += put_series_metadata(o.get_mut(w..w + 32)?.try_into().ok()?, metadata);
+        }
         let len = w - 2;
         if len < 0x80 {
             o[1] = len as u8;

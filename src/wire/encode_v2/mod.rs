@@ -413,7 +413,9 @@ impl V2Encoder {
     }
 
     /// The metadata of the series named `name` (symbol `name_ref`) as (type, help
-    /// symbol, unit symbol), looked up once per name and request.
+    /// symbol, unit symbol), looked up once per name and request: a name already looked
+    /// up is answered here, inline; the look itself is out of line.
+    #[inline(always)]
     fn series_metadata(
         &mut self,
         buf: &[u8],
@@ -421,16 +423,31 @@ impl V2Encoder {
         name_ref: Option<u32>,
         memory: Option<&MetadataMemory>,
     ) -> Option<(i32, u32, u32)> {
+        if let Some(i) = name_ref {
+            match self.md_by_name.get(i as usize) {
+                None | Some(0) => {}
+                Some(1) => return None,
+                Some(&k) => return self.md_found.get(k as usize - 2).copied(),
+            }
+        }
+        self.look_up_series_metadata(buf, name, name_ref, memory)
+    }
+
+    /// [`V2Encoder::series_metadata`] of a name not looked up yet in this request (or
+    /// of a series without a name): found, and remembered for the name's other series.
+    #[inline(never)]
+    fn look_up_series_metadata(
+        &mut self,
+        buf: &[u8],
+        name: ByteRange,
+        name_ref: Option<u32>,
+        memory: Option<&MetadataMemory>,
+    ) -> Option<(i32, u32, u32)> {
         let slot = name_ref.map(|r| r as usize);
-        if let Some(i) = slot {
-            if self.md_by_name.len() <= i {
-                self.md_by_name.resize(i + 1, 0);
-            }
-            match self.md_by_name[i] {
-                0 => {}
-                1 => return None,
-                k => return self.md_found.get(k as usize - 2).copied(),
-            }
+        if let Some(i) = slot
+            && self.md_by_name.len() <= i
+        {
+            self.md_by_name.resize(i + 1, 0);
         }
         let found = self
             .find_metadata(buf, slice(buf, name), memory)
