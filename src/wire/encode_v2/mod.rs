@@ -440,7 +440,7 @@ impl V2Encoder {
                 Some(&k) => return self.md_found.get(k as usize - 2).copied(),
             }
         }
-        self.look_up_series_metadata(buf, name, name_ref, memory)
+        self.look_up_series_metadata(buf, (name, name_ref), memory)
     }
 
     /// [`V2Encoder::series_metadata`] of a name not looked up yet in this request (or
@@ -449,8 +449,7 @@ impl V2Encoder {
     fn look_up_series_metadata(
         &mut self,
         buf: &[u8],
-        name: ByteRange,
-        name_ref: Option<u32>,
+        (name, name_ref): (ByteRange, Option<u32>),
         memory: Option<&MetadataMemory>,
     ) -> Option<(i32, u32, u32)> {
         let slot = name_ref.map(|r| r as usize);

@@ -252,5 +252,17 @@ mod tests {
         // The empty string is symbol 0 (interned by `reset`), and nothing twice.
         assert_eq!(first[3 * RECENT], Some(0));
         assert_eq!(symbols.len(), strings.len());
+        // The next request: nothing of the last one's `recent` answers for its symbols,
+        // which take other indices.
+        symbols.reset();
+        let mut added = 0;
+        for s in strings.iter().rev() {
+            let index = symbols.intern(s);
+            assert_eq!(symbols.get(index as usize), s.as_slice());
+            if !s.is_empty() {
+                added += 1;
+            }
+            assert_eq!(index, if s.is_empty() { 0 } else { added });
+        }
     }
 }
