@@ -1197,6 +1197,22 @@ fn first_difference(x: &[u8; 32], y: &[u8; 32]) -> usize {
     32
 }
 
+/// The eight bytes of `s` at `at` as a word (0 when `s` ends before).
+#[inline(always)]
+pub fn word8(s: &[u8], at: usize) -> u64 {
+    s.get(at..at + 8)
+        .and_then(|w| <[u8; 8]>::try_from(w).ok())
+        .map_or(0, u64::from_ne_bytes)
+}
+
+/// The four bytes of `s` at `at` as a word (0 when `s` ends before).
+#[inline(always)]
+pub fn word4(s: &[u8], at: usize) -> u32 {
+    s.get(at..at + 4)
+        .and_then(|w| <[u8; 4]>::try_from(w).ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
 /// `a == b` for label names, values and whole labels: short, so compared a word at a
 /// time inline, where `==` calls `memcmp`. The tail is one more word overlapping the
 /// last one compared (and a short slice two overlapping halves), not a byte loop.
@@ -1205,18 +1221,6 @@ pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;
-    }
-    #[inline(always)]
-    fn word8(s: &[u8], at: usize) -> u64 {
-        s.get(at..at + 8)
-            .and_then(|w| <[u8; 8]>::try_from(w).ok())
-            .map_or(0, u64::from_ne_bytes)
-    }
-    #[inline(always)]
-    fn word4(s: &[u8], at: usize) -> u32 {
-        s.get(at..at + 4)
-            .and_then(|w| <[u8; 4]>::try_from(w).ok())
-            .map_or(0, u32::from_ne_bytes)
     }
     if n >= 8 {
         let mut at = 0;

@@ -4,7 +4,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 
-use crate::wire::decode::short_eq;
+use crate::wire::decode::{short_eq, word4, word8};
 use crate::wire::pb::put_bytes_field;
 
 /// An odd constant of mixed bits (2^64 over the golden ratio) to spread a short
@@ -56,24 +56,14 @@ struct RecentSymbol {
 #[inline(always)]
 fn short_key(s: &[u8]) -> Option<(u64, u64)> {
     let n = s.len();
-    let word8 = |at: usize| {
-        s.get(at..at + 8)
-            .and_then(|w| <[u8; 8]>::try_from(w).ok())
-            .map_or(0, u64::from_le_bytes)
-    };
-    let word4 = |at: usize| {
-        s.get(at..at + 4)
-            .and_then(|w| <[u8; 4]>::try_from(w).ok())
-            .map_or(0, |w| u64::from(u32::from_le_bytes(w)))
-    };
     match n {
         0 => Some((0, 0)),
         1..=3 => Some((
             u64::from(s[0]) | u64::from(s[n / 2]) << 8 | u64::from(s[n - 1]) << 16,
             0,
         )),
-        4..=7 => Some((word4(0), word4(n - 4))),
-        8..=16 => Some((word8(0), word8(n - 8))),
+        4..=7 => Some((u64::from(word4(s, 0)), u64::from(word4(s, n - 4)))),
+        8..=16 => Some((word8(s, 0), word8(s, n - 8))),
         _ => None,
     }
 }
