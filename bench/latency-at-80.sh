@@ -16,7 +16,11 @@
 # (SUT_CPU, 1) all through, so that its vCPU never halts between requests (on a VM guest
 # without halt polling, a halted vCPU's next request runs slower, BENCHMARKS.md,
 # eighteenth pass); it runs only when the SUT does not want the core. Recorded as
-# "idle_spinner" in every line.
+# "idle_spinner" in every line. HALT_POLL_NS=N (root, a guest with the cpuidle-haltpoll
+# driver): sets /sys/module/haltpoll/parameters/guest_halt_poll_ns to N for the run (Linux's
+# default is 200000; some hosts boot their guests with 0) and puts the old value back on
+# exit. Every line records the value the run had ("guest_halt_poll_ns", null where the
+# guest has no such driver), set or not.
 # Results: bench/results/latency80-<UTC time>.jsonl (every run's JSON line, with
 # "phase": "max", "at80" or "max_after"), then a table per round and the medians.
 set -euo pipefail
@@ -32,7 +36,20 @@ mkdir -p bench/results
 OUT=${RESULTS:-bench/results/latency80-$(date -u +%Y-%m-%dT%H%M).jsonl}
 tmp=$(mktemp -d)
 spinner=
-trap 'rm -rf "$tmp"; [ -z "$spinner" ] || kill "$spinner" 2>/dev/null || true' EXIT
+halt_poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+halt_poll_before=
+restore() {
+  rm -rf "$tmp"
+  [ -z "$spinner" ] || kill "$spinner" 2>/dev/null || true
+  [ -z "$halt_poll_before" ] || echo "$halt_poll_before" >"$halt_poll" || true
+}
+trap restore EXIT
+if [ -n "${HALT_POLL_NS:-}" ]; then
+  [ -w "$halt_poll" ] || { echo "HALT_POLL_NS: $halt_poll is not writable here" >&2; exit 2; }
+  halt_poll_before=$(cat "$halt_poll")
+  echo "$HALT_POLL_NS" >"$halt_poll"
+fi
+halt_poll_now=$(cat "$halt_poll" 2>/dev/null || echo null)
 if [ "${IDLE_SPINNER:-0}" = 1 ]; then
   chrt --idle 0 taskset -c "${SUT_CPU:-1}" sh -c 'while :; do :; done' &
   spinner=$!
@@ -45,9 +62,9 @@ for r in $(seq "$ROUNDS"); do
   rate=$(python3 -c "print(max(1, round($max * $PERCENT / 100 / $per)))")
   RUNS=1 RESULTS=$tmp/at.jsonl bench/latency.sh promnorm "$rate" "$CONNS" "$CONFIG" >/dev/null
   RUNS=1 RESULTS=$tmp/after.jsonl bench/latency.sh promnorm "$OVERLOAD" "$CONNS" "$CONFIG" >/dev/null
-  python3 - "$r" "$tmp/max.jsonl" "$tmp/at.jsonl" "$tmp/after.jsonl" "$PERCENT" "$STEADY_PCT" "${IDLE_SPINNER:-0}" >>"$OUT" <<'PY'
+  python3 - "$r" "$tmp/max.jsonl" "$tmp/at.jsonl" "$tmp/after.jsonl" "$PERCENT" "$STEADY_PCT" "${IDLE_SPINNER:-0}" "$halt_poll_now" >>"$OUT" <<'PY'
 import json, sys
-r, mx, at, after, percent, steady, spin = sys.argv[1:8]
+r, mx, at, after, percent, steady, spin, halt_poll = sys.argv[1:9]
 runs = {}
 for phase, path in (("max", mx), ("at80", at), ("max_after", after)):
     runs[phase] = json.loads(open(path).read().splitlines()[-1])
@@ -57,6 +74,7 @@ drift = runs["max_after"]["samples_per_s"] / before - 1 if before > 0 else None
 for phase, d in runs.items():
     d.update({"round": int(r), "phase": phase, "percent": float(percent),
               "max_drift": drift, "idle_spinner": spin == "1",
+              "guest_halt_poll_ns": None if halt_poll == "null" else int(halt_poll),
               "steady": drift is not None and abs(drift) * 100 <= float(steady)})
     print(json.dumps(d))
 PY
