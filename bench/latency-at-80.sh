@@ -16,11 +16,12 @@
 # (SUT_CPU, 1) all through, so that its vCPU never halts between requests (on a VM guest
 # without halt polling, a halted vCPU's next request runs slower, BENCHMARKS.md,
 # eighteenth pass); it runs only when the SUT does not want the core. Recorded as
-# "idle_spinner" in every line. HALT_POLL_NS=N (root, a guest with the cpuidle-haltpoll
-# driver): sets /sys/module/haltpoll/parameters/guest_halt_poll_ns to N for the run (Linux's
-# default is 200000; some hosts boot their guests with 0) and puts the old value back on
-# exit. Every line records the value the run had ("guest_halt_poll_ns", null where the
-# guest has no such driver), set or not.
+# "idle_spinner" in every line. HALT_POLL_NS=N (root, a KVM guest whose cpuidle driver is
+# `haltpoll`): sets /sys/module/haltpoll/parameters/guest_halt_poll_ns to N for the run
+# (Linux's default is 200000; some hosts boot their guests with 0) and puts the old value
+# back on exit; refused on any other machine, where the value would do nothing. Every line
+# records the value the run had ("guest_halt_poll_ns": null unless the cpuidle driver is
+# `haltpoll`), set or not.
 # Results: bench/results/latency80-<UTC time>.jsonl (every run's JSON line, with
 # "phase": "max", "at80" or "max_after"), then a table per round and the medians.
 set -euo pipefail
@@ -44,12 +45,22 @@ restore() {
   [ -z "$halt_poll_before" ] || echo "$halt_poll_before" >"$halt_poll" || true
 }
 trap restore EXIT
+# The module's parameter exists wherever the governor is built in, bare metal included;
+# it polls only where the cpuidle driver is haltpoll's.
+cpuidle_driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || true)
 if [ -n "${HALT_POLL_NS:-}" ]; then
+  [ "$cpuidle_driver" = haltpoll ] || {
+    echo "HALT_POLL_NS: the cpuidle driver is '${cpuidle_driver:-none}', not haltpoll: no halt polling to set" >&2
+    exit 2
+  }
   [ -w "$halt_poll" ] || { echo "HALT_POLL_NS: $halt_poll is not writable here" >&2; exit 2; }
   halt_poll_before=$(cat "$halt_poll")
   echo "$HALT_POLL_NS" >"$halt_poll"
 fi
-halt_poll_now=$(cat "$halt_poll" 2>/dev/null || echo null)
+halt_poll_now=null
+if [ "$cpuidle_driver" = haltpoll ]; then
+  halt_poll_now=$(cat "$halt_poll" 2>/dev/null || echo null)
+fi
 if [ "${IDLE_SPINNER:-0}" = 1 ]; then
   chrt --idle 0 taskset -c "${SUT_CPU:-1}" sh -c 'while :; do :; done' &
   spinner=$!
