@@ -1346,22 +1346,32 @@ async fn measure(
             let mut at = t0;
             loop {
                 at += Duration::from_secs(1);
-                tokio::select! {
+                let over = tokio::select! {
                     biased;
-                    _ = tokio::time::sleep_until(at.into()) => {}
-                    _ = window_over.notified() => break,
-                }
+                    _ = tokio::time::sleep_until(at.into()) => false,
+                    _ = window_over.notified() => true,
+                };
                 let (now, now_at) = (cpu_seconds(pid), Instant::now());
+                // The timer rounds up to the next millisecond: a window that ends just
+                // after a whole second can wake this before the timer does, and that
+                // second is still owed.
+                if over && now_at < at {
+                    break;
+                }
                 let elapsed = now_at.duration_since(last_at).as_secs_f64();
                 // A SUT that exited reads as 0 CPU: no negative seconds.
                 out.push((now - last).max(0.0) / elapsed.max(1e-3));
                 (last, last_at) = (now, now_at);
+                if over {
+                    break;
+                }
             }
             out
         })
     };
     let out = load_phase(&url, &args.load, bodies, args.load.duration).await?;
     let dt = t0.elapsed().as_secs_f64();
+    window_over.notify_one();
     let (cpu_after, busy_after, self_after) = (
         cpu_seconds(pid),
         machine_busy_seconds(),
@@ -1369,7 +1379,6 @@ async fn measure(
     );
     let mid = scrape(sut.port, &specs).await;
     stop.store(true, Ordering::Relaxed);
-    window_over.notify_one();
     let rss_peak_kb = rss.await?;
     let mut sut_cpu_cores_by_second = cpu_by_second.await?;
     // Only whole seconds of the window.
