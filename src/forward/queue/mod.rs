@@ -976,6 +976,8 @@ async fn drain_shard(
     let mut backoff = Backoff::new(opts.first_backoff, opts.max_backoff);
     // Records still to send one by one after a merged request was refused as bad data.
     let mut solo_left = 0usize;
+    // The last merged body's allocation, for the next merge.
+    let mut merge_buf = Vec::new();
     loop {
         let batch = {
             let mut st = lock(&shard.state);
@@ -1030,7 +1032,7 @@ async fn drain_shard(
             solo_left = solo_left.saturating_sub(1);
             continue;
         }
-        let merged = Record::merge(&batch);
+        let merged = Record::merge(&batch, &mut merge_buf);
         let (rec, count) = match &merged {
             Some((m, n)) => (m, *n),
             None => (&batch[0], 1),
@@ -1066,6 +1068,9 @@ async fn drain_shard(
                 telemetry::queue_retry(&name);
                 tokio::time::sleep(backoff.wait(&outcome)).await;
             }
+        }
+        if let Some((m, _)) = merged {
+            merge_buf = record::reusable_body(m.v1);
         }
     }
 }

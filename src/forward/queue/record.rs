@@ -375,7 +375,9 @@ impl Record {
     /// whose copies reach back only into the block's own output, so the elements of
     /// several blocks after one preamble of their summed lengths decompress to the
     /// joined messages. The joined body stays within [`MAX_MERGED_RAW`] uncompressed.
-    pub fn merge(batch: &[Record]) -> Option<(Record, usize)> {
+    /// It is written into `buf`'s allocation (taken when a merge happens; see
+    /// [`reusable_body`]).
+    pub fn merge(batch: &[Record], buf: &mut Vec<u8>) -> Option<(Record, usize)> {
         let first = batch.first()?;
         let mut raw = 0u64;
         let mut parts: Vec<&[u8]> = Vec::new();
@@ -397,7 +399,9 @@ impl Record {
         if parts.len() < 2 {
             return None;
         }
-        let mut body = Vec::with_capacity(5 + parts.iter().map(|p| p.len()).sum::<usize>());
+        let mut body = std::mem::take(buf);
+        body.clear();
+        body.reserve(5 + parts.iter().map(|p| p.len()).sum::<usize>());
         put_varint(&mut body, raw);
         for p in &parts {
             body.extend_from_slice(p);
@@ -411,6 +415,21 @@ impl Record {
             enqueued_ms: first.enqueued_ms,
         };
         Some((merged, parts.len()))
+    }
+}
+
+/// The largest merged body whose allocation a sender keeps for its next merge
+/// ([`reusable_body`]): the default `max_samples_per_send` merges a few hundred KB.
+pub const MAX_REUSED_BODY: usize = 1 << 20;
+
+/// The allocation of a merged body whose request is done, for the next merge, when
+/// nothing else holds it and it is at most [`MAX_REUSED_BODY`]: a fresh half megabyte
+/// for every merge is memory the allocator hands back to the kernel between sends,
+/// then new pages the kernel faults in and zeroes on the next copy.
+pub fn reusable_body(body: Bytes) -> Vec<u8> {
+    match body.try_into_mut() {
+        Ok(b) if b.capacity() <= MAX_REUSED_BODY => Vec::from(b),
+        _ => Vec::new(),
     }
 }
 
@@ -544,7 +563,8 @@ mod tests {
         let ra = v1_record(&refs(&a), &[]);
         let rb = v1_record(&refs(&b), &[]);
         let rc = v1_record(&refs(&b), &[("x-scope-orgid", "team-b")]);
-        let (merged, n) = Record::merge(&[ra.clone(), rb.clone(), ra.clone(), rc]).unwrap();
+        let (merged, n) =
+            Record::merge(&[ra.clone(), rb.clone(), ra.clone(), rc], &mut Vec::new()).unwrap();
         // The record with other headers ends the batch.
         assert_eq!(n, 3);
         assert_eq!(merged.samples, 605);
@@ -552,10 +572,35 @@ mod tests {
         let want: Vec<(String, f64)> = a.iter().chain(&b).chain(&a).cloned().collect();
         assert_eq!(names(&merged.v1), want);
         // Nothing to join: a lone record, a 2.0 body, different headers.
-        assert!(Record::merge(std::slice::from_ref(&ra)).is_none());
-        assert!(Record::merge(&[record(), record()]).is_none());
+        assert!(Record::merge(std::slice::from_ref(&ra), &mut Vec::new()).is_none());
+        assert!(Record::merge(&[record(), record()], &mut Vec::new()).is_none());
         let other = v1_record(&refs(&b), &[("x-scope-orgid", "team-a")]);
-        assert!(Record::merge(&[rb, other]).is_none());
+        assert!(Record::merge(&[rb, other], &mut Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_sent_merged_body_lends_its_allocation_to_the_next_merge() {
+        let a: Vec<(String, f64)> = (0..50)
+            .map(|i| (format!("vllm:num_requests_running_{i}"), i as f64))
+            .collect();
+        let refs: Vec<(&str, f64)> = a.iter().map(|(n, x)| (n.as_str(), *x)).collect();
+        let r = v1_record(&refs, &[]);
+        let mut buf = Vec::new();
+        let (first, _) = Record::merge(&[r.clone(), r.clone()], &mut buf).unwrap();
+        let at = first.v1.as_ptr();
+        // A body still held elsewhere (a request in flight) is not reused.
+        let held = first.v1.clone();
+        assert_eq!(reusable_body(held.clone()).capacity(), 0);
+        drop(held);
+        let mut buf = reusable_body(first.v1);
+        assert_eq!(buf.as_ptr(), at);
+        let (second, n) = Record::merge(&[r.clone(), r.clone()], &mut buf).unwrap();
+        assert_eq!((second.v1.as_ptr(), n), (at, 2));
+        let want: Vec<(String, f64)> = a.iter().chain(&a).cloned().collect();
+        assert_eq!(names(&second.v1), want);
+        // Past the bound, the allocation goes back to the allocator.
+        let big = Bytes::from(vec![0u8; MAX_REUSED_BODY + 1]);
+        assert_eq!(reusable_body(big).capacity(), 0);
     }
 
     #[test]
@@ -567,7 +612,7 @@ mod tests {
             r.samples = 1;
             r
         };
-        let (merged, n) = Record::merge(&[big(1.0), big(2.0), big(3.0)]).unwrap();
+        let (merged, n) = Record::merge(&[big(1.0), big(2.0), big(3.0)], &mut Vec::new()).unwrap();
         assert_eq!(n, 2);
         let got = names(&merged.v1);
         assert_eq!(
@@ -579,7 +624,7 @@ mod tests {
             let name = "y".repeat(9 << 20);
             v1_record(&[(name.as_str(), v)], &[])
         };
-        assert!(Record::merge(&[huge(1.0), big(2.0)]).is_none());
+        assert!(Record::merge(&[huge(1.0), big(2.0)], &mut Vec::new()).is_none());
     }
 
     #[test]
