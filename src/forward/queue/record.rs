@@ -176,6 +176,20 @@ impl Record {
     /// Reads the frame at the start of `buf` (either format): the record and the
     /// frame's length.
     pub fn read_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
+        Record::read_frame_with(buf, Bytes::copy_from_slice)
+    }
+
+    /// [`Record::read_frame`] whose bodies are slices of `buf`, not copies (a record
+    /// read back from disk to be sent).
+    pub fn read_frame_shared(buf: &Bytes) -> Result<(Record, usize), FrameError> {
+        Record::read_frame_with(buf, |part| buf.slice_ref(part))
+    }
+
+    /// `body` makes a body's `Bytes` of its bytes in `buf`.
+    fn read_frame_with(
+        buf: &[u8],
+        body: impl Fn(&[u8]) -> Bytes,
+    ) -> Result<(Record, usize), FrameError> {
         let word = |at: usize| {
             buf.get(at..at + 4)
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -197,7 +211,7 @@ impl Record {
                 // A damaged length and a torn tail look the same here.
                 return Err(FrameError::Header);
             };
-            return match Record::from_payload(payload, crc) {
+            return match Record::from_payload(payload, crc, body) {
                 Ok(r) => Ok((r, end)),
                 Err(_) => Err(FrameError::Payload {
                     len: end,
@@ -223,7 +237,7 @@ impl Record {
         let Some(payload) = buf.get(FRAME_HEADER..end) else {
             return Err(FrameError::Truncated);
         };
-        match Record::from_payload(payload, field(16)) {
+        match Record::from_payload(payload, field(16), body) {
             Ok(r) => Ok((r, end)),
             Err(_) => Err(FrameError::Payload {
                 len: end,
@@ -250,8 +264,12 @@ impl Record {
         None
     }
 
-    /// Decodes a payload whose checksum was `crc`.
-    pub fn from_payload(payload: &[u8], crc: u32) -> Result<Record, RecordError> {
+    /// Decodes a payload whose checksum was `crc`; `body` makes each body's `Bytes`.
+    fn from_payload(
+        payload: &[u8],
+        crc: u32,
+        body: impl Fn(&[u8]) -> Bytes,
+    ) -> Result<Record, RecordError> {
         if crc32fast::hash(payload) != crc {
             return Err(RecordError::Checksum);
         }
@@ -284,8 +302,8 @@ impl Record {
             return Err(RecordError::Malformed("trailing bytes"));
         }
         Ok(Record {
-            v1: Bytes::copy_from_slice(v1),
-            v2: (flags & HAS_V2 != 0).then(|| Bytes::copy_from_slice(v2)),
+            v1: body(v1),
+            v2: (flags & HAS_V2 != 0).then(|| body(v2)),
             v2_series,
             headers,
             samples,
@@ -470,6 +488,16 @@ mod tests {
         assert_eq!(back.samples, 7);
         assert_eq!(back.enqueued_ms, 1_700_000_000_123);
         assert_eq!(back.header_map()["x-scope-orgid"], "team-a");
+        // Read in place: the same record, its bodies inside the buffer read.
+        let shared = Bytes::from(buf.clone());
+        let (inplace, n) = Record::read_frame_shared(&shared).unwrap();
+        assert_eq!(
+            (inplace.v1.clone(), inplace.v2.clone(), n),
+            (back.v1, back.v2, len)
+        );
+        let within = shared.as_ptr_range();
+        assert!(within.contains(&inplace.v1.as_ptr()));
+        assert!(within.contains(&inplace.v2.unwrap().as_ptr()));
         // A flipped bit in the header: not trusted; in the payload: skipped exactly, its
         // samples known.
         for i in 0..buf.len() {
@@ -484,6 +512,12 @@ mod tests {
                 }
             };
             assert_eq!(Record::read_frame(&bad).unwrap_err(), want, "byte {i}");
+            let bad = Bytes::from(bad);
+            assert_eq!(
+                Record::read_frame_shared(&bad).unwrap_err(),
+                want,
+                "byte {i}"
+            );
         }
         assert_eq!(
             Record::read_frame(&buf[..buf.len() - 1]).unwrap_err(),

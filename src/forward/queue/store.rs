@@ -332,7 +332,9 @@ impl DiskStore {
         if f.read_exact_at(&mut buf, e.offset).is_err() {
             return Ok(Err(()));
         }
-        Ok(Record::read_frame(&buf)
+        // The record's bodies are slices of this buffer: no second copy.
+        let buf = bytes::Bytes::from(buf);
+        Ok(Record::read_frame_shared(&buf)
             .ok()
             .filter(|(_, n)| *n as u64 == e.len)
             .map(|(r, _)| r)
