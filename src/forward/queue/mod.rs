@@ -1137,7 +1137,7 @@ async fn sync_periodically(run: Arc<Running>, every: Duration) {
             // queue's throughput was 0.76-0.92x of no queue, the SUT not busy all the time).
             let handle = lock(&s.state).store.sync_handle();
             let flushed = match handle {
-                Ok(Some(file)) => tokio::task::spawn_blocking(move || file.sync_data())
+                Ok(Some(pending)) => tokio::task::spawn_blocking(move || pending.run())
                     .await
                     .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
                     .map_err(StoreError::from),

@@ -57,10 +57,10 @@ pub trait Store: Send {
     fn oldest_ms(&self) -> Option<u64>;
     /// Makes appended records durable (disk); a no-op in memory.
     fn sync(&mut self) -> Result<(), StoreError>;
-    /// What [`Store::sync`] would flush, as a handle to flush without the store: the
+    /// What [`Store::sync`] would flush, as handles to flush without the store: the
     /// periodic fsync runs off the runtime and outside the shard's lock, so requests
     /// being queued do not wait for the disk. `None`: nothing to flush.
-    fn sync_handle(&mut self) -> Result<Option<File>, StoreError> {
+    fn sync_handle(&mut self) -> Result<Option<PendingSync>, StoreError> {
         self.sync().map(|()| None)
     }
     /// Damage skipped since the last call.
@@ -132,6 +132,30 @@ impl Store for MemoryStore {
     }
 }
 
+/// What a disk queue's periodic flush makes durable, taken out of the store so that the
+/// fsyncs run on a blocking thread without its lock ([`Store::sync_handle`]).
+pub struct PendingSync {
+    /// The segments written to since the last flush: segments rolled over since, then
+    /// the write segment.
+    files: Vec<File>,
+    /// The queue's directory, when a segment was created since: the new name must
+    /// survive a crash too.
+    dir: Option<File>,
+}
+
+impl PendingSync {
+    /// The data first, then the names that lead to it.
+    pub fn run(&self) -> std::io::Result<()> {
+        for f in &self.files {
+            f.sync_data()?;
+        }
+        if let Some(d) = &self.dir {
+            d.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
 /// Where a record lives on disk.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -163,7 +187,13 @@ pub struct DiskStore {
     bytes: u64,
     corrupt: Skipped,
     fsync_each: bool,
+    /// The write segment has records not yet flushed.
     dirty: bool,
+    /// Segments rolled over with records not yet flushed: the next flush takes them
+    /// (a roll does not wait for the disk on the request's path).
+    rolled: Vec<File>,
+    /// A segment was created since the last flush (its name is not yet durable).
+    dir_dirty: bool,
     /// Records were acknowledged since the cursor was last written. The cursor is
     /// written with the periodic sync, when the store is synced or dropped, and before a
     /// segment is deleted, not after every record (a file write and a rename each time
@@ -237,6 +267,8 @@ impl DiskStore {
             corrupt: Skipped::default(),
             fsync_each,
             dirty: false,
+            rolled: Vec::new(),
+            dir_dirty: false,
             cursor_dirty: false,
             frame: Vec::new(),
             cached: VecDeque::new(),
@@ -254,7 +286,7 @@ impl DiskStore {
         }
         // New records go to a new segment: a replayed one is never appended to.
         store.write_segment = last.map_or(cursor_segment.max(1), |l| l + 1);
-        store.writer = create_segment(dir, store.write_segment)?;
+        store.writer = create_segment(dir, store.write_segment, true)?;
         if store.entries.is_empty() {
             store.remove_segments_before(store.write_segment);
         }
@@ -413,10 +445,17 @@ impl DiskStore {
     }
 
     /// Moves writing to a new segment, so the current one can be deleted once its
-    /// records are acknowledged.
+    /// records are acknowledged. The old segment's unflushed records and the new name
+    /// go with the next periodic flush, like any record written within its interval;
+    /// with `fsync_interval: 0s` every record is already flushed and the name is at once.
     fn roll(&mut self) -> Result<(), StoreError> {
         let next = self.write_segment + 1;
-        self.writer = create_segment(&self.dir, next)?;
+        let new = create_segment(&self.dir, next, self.fsync_each)?;
+        let old = std::mem::replace(&mut self.writer, new);
+        if self.dirty {
+            self.rolled.push(old);
+        }
+        self.dir_dirty |= !self.fsync_each;
         self.write_segment = next;
         self.write_offset = 0;
         Ok(())
@@ -429,7 +468,6 @@ impl Store for DiskStore {
         rec.write_framed(&mut self.frame);
         let len = self.frame.len() as u64;
         if self.write_offset > 0 && self.write_offset + len > self.segment_bytes {
-            self.writer.sync_data()?;
             self.roll()?;
         }
         // Written at the offset the index records (not O_APPEND): a failed write leaves
@@ -451,8 +489,12 @@ impl Store for DiskStore {
             let err = StoreError::from(e);
             // Out of space: the next record goes to a new segment, so this one's space
             // comes back as soon as its records are delivered, even while more wait.
+            // Flushed now, so that the roll keeps no handle on it: deleted once
+            // delivered, its space comes back at once, not at the next flush.
             if matches!(err, StoreError::NoSpace(_)) && self.write_offset > 0 {
-                let _ = self.writer.sync_data();
+                if self.writer.sync_data().is_ok() {
+                    self.dirty = false;
+                }
                 let _ = self.roll();
             }
             return Err(err);
@@ -559,23 +601,42 @@ impl Store for DiskStore {
 
     fn sync(&mut self) -> Result<(), StoreError> {
         self.flush_cursor();
+        for f in &self.rolled {
+            f.sync_data()?;
+        }
+        self.rolled.clear();
         if self.dirty {
             self.writer.sync_data()?;
             self.dirty = false;
         }
+        if self.dir_dirty {
+            File::open(&self.dir)?.sync_all()?;
+            self.dir_dirty = false;
+        }
         Ok(())
     }
 
-    fn sync_handle(&mut self) -> Result<Option<File>, StoreError> {
+    fn sync_handle(&mut self) -> Result<Option<PendingSync>, StoreError> {
         self.flush_cursor();
-        if !self.dirty {
+        if !self.dirty && !self.dir_dirty && self.rolled.is_empty() {
             return Ok(None);
         }
-        // Records appended from here on set `dirty` again and go with the next flush; a
-        // segment rotated meanwhile was synced when it was closed, or is by this handle.
-        let handle = self.writer.try_clone()?;
+        // Records appended from here on set `dirty` again and go with the next flush.
+        let current = if self.dirty {
+            Some(self.writer.try_clone()?)
+        } else {
+            None
+        };
+        let dir = if self.dir_dirty {
+            Some(File::open(&self.dir)?)
+        } else {
+            None
+        };
+        let mut files = std::mem::take(&mut self.rolled);
+        files.extend(current);
         self.dirty = false;
-        Ok(Some(handle))
+        self.dir_dirty = false;
+        Ok(Some(PendingSync { files, dir }))
     }
 
     fn take_corrupt(&mut self) -> Skipped {
@@ -594,14 +655,15 @@ fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:020}.seg"))
 }
 
-fn create_segment(dir: &Path, segment: u64) -> Result<File, StoreError> {
+/// `sync_dir`: the new name is made durable now (else by the next flush).
+fn create_segment(dir: &Path, segment: u64, sync_dir: bool) -> Result<File, StoreError> {
     let f = File::options()
         .create(true)
         .truncate(false)
         .write(true)
         .open(segment_path(dir, segment))?;
     // The new name must survive a crash too.
-    if let Ok(d) = File::open(dir) {
+    if sync_dir && let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
     Ok(f)
@@ -884,6 +946,41 @@ mod tests {
         let segs = list_segments(&dir).unwrap();
         assert_eq!(segs.len(), 1, "{segs:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_roll_leaves_the_old_segment_and_the_new_name_to_the_next_flush() {
+        let dir = tmp("roll-flush");
+        let mut s = DiskStore::open(&dir, 1 << 16, false).unwrap();
+        assert!(s.sync_handle().unwrap().is_none());
+        let first = s.write_segment;
+        for i in 0..40 {
+            s.push(&rec(i, 4000)).unwrap();
+        }
+        // 160 KB in 64 KiB segments: rolls, none flushed on the way.
+        let rolls = (s.write_segment - first) as usize;
+        assert!(rolls >= 2, "{rolls}");
+        assert_eq!((s.rolled.len(), s.dir_dirty), (rolls, true));
+        let pending = s.sync_handle().unwrap().unwrap();
+        assert_eq!(pending.files.len(), rolls + 1);
+        assert!(pending.dir.is_some());
+        pending.run().unwrap();
+        assert!(s.sync_handle().unwrap().is_none());
+        // With every record flushed as written, a roll has nothing left to flush.
+        let each = tmp("roll-flush-each");
+        let mut s = DiskStore::open(&each, 1 << 16, true).unwrap();
+        let first = s.write_segment;
+        for i in 0..40 {
+            s.push(&rec(i, 4000)).unwrap();
+        }
+        assert_eq!((s.write_segment - first) as usize, rolls);
+        assert_eq!((s.rolled.len(), s.dir_dirty), (0, false));
+        drop(s);
+        let s = DiskStore::open(&each, 1 << 16, true).unwrap();
+        assert_eq!(s.len(), 40);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&each).unwrap();
     }
 
     #[test]
