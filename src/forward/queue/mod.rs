@@ -1137,10 +1137,16 @@ async fn sync_periodically(run: Arc<Running>, every: Duration) {
             // queue's throughput was 0.76-0.92x of no queue, the SUT not busy all the time).
             let handle = lock(&s.state).store.sync_handle();
             let flushed = match handle {
-                Ok(Some(pending)) => tokio::task::spawn_blocking(move || pending.run())
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
-                    .map_err(StoreError::from),
+                Ok(Some(pending)) => match tokio::task::spawn_blocking(move || pending.run()).await
+                {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err((e, left))) => {
+                        // What failed stays due, for the next flush.
+                        lock(&s.state).store.sync_failed(left);
+                        Err(StoreError::from(e))
+                    }
+                    Err(e) => Err(StoreError::from(std::io::Error::other(e.to_string()))),
+                },
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
             };

@@ -63,6 +63,8 @@ pub trait Store: Send {
     fn sync_handle(&mut self) -> Result<Option<PendingSync>, StoreError> {
         self.sync().map(|()| None)
     }
+    /// Takes back what a flush from [`Store::sync_handle`] could not make durable.
+    fn sync_failed(&mut self, _left: PendingSync) {}
     /// Damage skipped since the last call.
     fn take_corrupt(&mut self) -> Skipped;
 }
@@ -135,26 +137,44 @@ impl Store for MemoryStore {
 /// What a disk queue's periodic flush makes durable, taken out of the store so that the
 /// fsyncs run on a blocking thread without its lock ([`Store::sync_handle`]).
 pub struct PendingSync {
-    /// The segments written to since the last flush: segments rolled over since, then
-    /// the write segment.
-    files: Vec<File>,
+    /// The segments written to since the last flush, by number: segments rolled over
+    /// since, then the write segment.
+    files: Vec<(u64, File)>,
     /// The queue's directory, when a segment was created since: the new name must
     /// survive a crash too.
     dir: Option<File>,
 }
 
 impl PendingSync {
-    /// The data first, then the names that lead to it.
-    pub fn run(&self) -> std::io::Result<()> {
-        for f in &self.files {
-            f.sync_data()?;
+    /// The data first, then the names that lead to it; every one is tried. On failure,
+    /// the first error and what is still to flush, to give back to the store
+    /// ([`Store::sync_failed`]) for the next flush.
+    pub fn run(self) -> Result<(), (std::io::Error, PendingSync)> {
+        let mut first = None;
+        let mut files = Vec::new();
+        for (segment, f) in self.files {
+            if let Err(e) = f.sync_data() {
+                first.get_or_insert(e);
+                files.push((segment, f));
+            }
         }
-        if let Some(d) = &self.dir {
-            d.sync_all()?;
+        let dir = self.dir.and_then(|d| match d.sync_all() {
+            Ok(()) => None,
+            Err(e) => {
+                first.get_or_insert(e);
+                Some(d)
+            }
+        });
+        match first {
+            None => Ok(()),
+            Some(e) => Err((e, PendingSync { files, dir })),
         }
-        Ok(())
     }
 }
+
+/// Rolled segments held for the next flush at most: a flush that does not come (a long
+/// interval, a disk that stalls) must not hold a file open per segment rolled meanwhile.
+const MAX_ROLLED: usize = 16;
 
 /// Where a record lives on disk.
 #[derive(Clone, Copy, Debug)]
@@ -191,7 +211,7 @@ pub struct DiskStore {
     dirty: bool,
     /// Segments rolled over with records not yet flushed: the next flush takes them
     /// (a roll does not wait for the disk on the request's path).
-    rolled: Vec<File>,
+    rolled: Vec<(u64, File)>,
     /// A segment was created since the last flush (its name is not yet durable).
     dir_dirty: bool,
     /// Records were acknowledged since the cursor was last written. The cursor is
@@ -340,6 +360,8 @@ impl DiskStore {
     }
 
     fn remove_segments_before(&mut self, segment: u64) {
+        // A rolled segment delivered in full needs no flush.
+        self.rolled.retain(|(s, _)| *s >= segment);
         while self.first_segment < segment {
             let _ = std::fs::remove_file(segment_path(&self.dir, self.first_segment));
             if self
@@ -449,11 +471,15 @@ impl DiskStore {
     /// go with the next periodic flush, like any record written within its interval;
     /// with `fsync_interval: 0s` every record is already flushed and the name is at once.
     fn roll(&mut self) -> Result<(), StoreError> {
+        if self.dirty && self.rolled.len() >= MAX_ROLLED {
+            self.rolled[0].1.sync_data()?;
+            self.rolled.remove(0);
+        }
         let next = self.write_segment + 1;
         let new = create_segment(&self.dir, next, self.fsync_each)?;
         let old = std::mem::replace(&mut self.writer, new);
         if self.dirty {
-            self.rolled.push(old);
+            self.rolled.push((self.write_segment, old));
         }
         self.dir_dirty |= !self.fsync_each;
         self.write_segment = next;
@@ -599,21 +625,35 @@ impl Store for DiskStore {
         self.entries.front().map(|e| e.enqueued_ms)
     }
 
+    /// Tries every file and the directory; what fails stays due, the first error is
+    /// returned.
     fn sync(&mut self) -> Result<(), StoreError> {
         self.flush_cursor();
-        for f in &self.rolled {
-            f.sync_data()?;
-        }
-        self.rolled.clear();
+        let mut first = None;
+        self.rolled.retain(|(_, f)| match f.sync_data() {
+            Ok(()) => false,
+            Err(e) => {
+                first.get_or_insert(e);
+                true
+            }
+        });
         if self.dirty {
-            self.writer.sync_data()?;
-            self.dirty = false;
+            match self.writer.sync_data() {
+                Ok(()) => self.dirty = false,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
         }
         if self.dir_dirty {
-            File::open(&self.dir)?.sync_all()?;
-            self.dir_dirty = false;
+            match File::open(&self.dir).and_then(|d| d.sync_all()) {
+                Ok(()) => self.dir_dirty = false,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn sync_handle(&mut self) -> Result<Option<PendingSync>, StoreError> {
@@ -623,7 +663,7 @@ impl Store for DiskStore {
         }
         // Records appended from here on set `dirty` again and go with the next flush.
         let current = if self.dirty {
-            Some(self.writer.try_clone()?)
+            Some((self.write_segment, self.writer.try_clone()?))
         } else {
             None
         };
@@ -637,6 +677,18 @@ impl Store for DiskStore {
         self.dirty = false;
         self.dir_dirty = false;
         Ok(Some(PendingSync { files, dir }))
+    }
+
+    fn sync_failed(&mut self, left: PendingSync) {
+        let first = self.first_segment;
+        let mut files: Vec<_> = left
+            .files
+            .into_iter()
+            .filter(|(s, _)| *s >= first)
+            .collect();
+        files.append(&mut self.rolled);
+        self.rolled = files;
+        self.dir_dirty |= left.dir.is_some();
     }
 
     fn take_corrupt(&mut self) -> Skipped {
@@ -964,8 +1016,21 @@ mod tests {
         let pending = s.sync_handle().unwrap().unwrap();
         assert_eq!(pending.files.len(), rolls + 1);
         assert!(pending.dir.is_some());
-        pending.run().unwrap();
+        // A flush that failed gives its files back for the next one.
+        s.sync_failed(pending);
+        assert_eq!((s.rolled.len(), s.dir_dirty), (rolls + 1, true));
+        let pending = s.sync_handle().unwrap().unwrap();
+        assert_eq!(pending.files.len(), rolls + 1);
+        assert!(pending.run().is_ok());
         assert!(s.sync_handle().unwrap().is_none());
+        // Segments delivered in full are not flushed; many rolls without a flush hold
+        // at most MAX_ROLLED files.
+        for i in 0..400 {
+            s.push(&rec(i, 4000)).unwrap();
+        }
+        assert_eq!(s.rolled.len(), MAX_ROLLED);
+        while s.pop_front().is_some() {}
+        assert!(s.rolled.is_empty(), "{}", s.rolled.len());
         // With every record flushed as written, a roll has nothing left to flush.
         let each = tmp("roll-flush-each");
         let mut s = DiskStore::open(&each, 1 << 16, true).unwrap();
