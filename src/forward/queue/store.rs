@@ -625,35 +625,16 @@ impl Store for DiskStore {
         self.entries.front().map(|e| e.enqueued_ms)
     }
 
-    /// Tries every file and the directory; what fails stays due, the first error is
-    /// returned.
+    /// The periodic flush's work, done here: every file and the directory tried, what
+    /// fails stays due, the first error returned.
     fn sync(&mut self) -> Result<(), StoreError> {
-        self.flush_cursor();
-        let mut first = None;
-        self.rolled.retain(|(_, f)| match f.sync_data() {
-            Ok(()) => false,
-            Err(e) => {
-                first.get_or_insert(e);
-                true
-            }
-        });
-        if self.dirty {
-            match self.writer.sync_data() {
-                Ok(()) => self.dirty = false,
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
+        match self.sync_handle()? {
+            None => Ok(()),
+            Some(pending) => pending.run().map_err(|(e, left)| {
+                self.sync_failed(left);
+                e.into()
+            }),
         }
-        if self.dir_dirty {
-            match File::open(&self.dir).and_then(|d| d.sync_all()) {
-                Ok(()) => self.dir_dirty = false,
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        first.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn sync_handle(&mut self) -> Result<Option<PendingSync>, StoreError> {
