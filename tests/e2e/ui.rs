@@ -388,6 +388,20 @@ impl Session {
         v["value"].as_str().unwrap_or_default().to_string()
     }
 
+    /// The text of the first element `css` selects once it contains `needle`, waiting up to
+    /// 30 s: after a form's submit the old page answers until the new one has loaded, and an
+    /// element found on it goes stale. On time out, the last text seen (for the assertion).
+    async fn text_containing(&self, css: &str, needle: &str) -> String {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = self.text(css).await;
+            if text.contains(needle) || std::time::Instant::now() >= until {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn type_into(&self, css: &str, text: &str) {
         let e = self.find(css, Duration::from_secs(10)).await;
         wd(
@@ -549,8 +563,9 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
     s.go(&format!("{ui}/rules")).await;
     s.type_into("input[name=q]", "kv_transfer_latency").await;
     s.click("form button").await;
-    let _ = s.find("table", Duration::from_secs(10)).await;
-    let rules = s.text("body").await;
+    let rules = s
+        .text_containing("body", "sglang:kv_transfer_latency_ms")
+        .await;
     assert!(rules.contains("sglang:kv_transfer_latency_ms"), "{rules}");
     s.screenshot(&shots.join("rules.png")).await;
     assert_eq!(
@@ -564,7 +579,9 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
     s.type_into("input[name=name]", "sglang:kv_transfer_latency_ms")
         .await;
     s.click("form button").await;
-    let shown = s.text("#explain").await;
+    let shown = s
+        .text_containing("#explain", "sglang:kv_transfer_latency_seconds")
+        .await;
     let want = Command::new(env!("CARGO_BIN_EXE_promnorm"))
         .args(["explain", "sglang:kv_transfer_latency_ms", "--config"])
         .arg(tmp.join("promnorm.yml"))
@@ -597,7 +614,9 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
     let _ = s.find("textarea", Duration::from_secs(10)).await;
     s.paste("textarea", &pasted).await;
     s.click("form button").await;
-    let out = s.text("#output").await;
+    let out = s
+        .text_containing("#output", "sglang:kv_transfer_latency_seconds")
+        .await;
     assert!(out.contains("sglang:kv_transfer_latency_seconds"), "{out}");
     let trace = s.text("#trace").await;
     assert!(trace.contains("pack sglang rule"), "{trace}");
@@ -629,7 +648,7 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
             }
         }
     });
-    let summary = s.text("#summary").await;
+    let summary = s.text_containing("#summary", "of 1 series").await;
     sender.abort();
     assert!(summary.starts_with("1 of 1 series"), "{summary}");
     let tap = s.text("#tap").await;
