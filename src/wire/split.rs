@@ -871,19 +871,19 @@ fn series_fields_inline(
         let (len, name_len) = (((head >> 8) & 0x7f) as usize, (head >> 24) as usize);
         let next = p + 2 + len;
         let value_key = p + 4 + name_len;
-        // The value's key and length fill the rest of the label exactly.
-        let &[key, value_len] = msg.get(value_key..).and_then(<[u8]>::first_chunk::<2>)?;
-        if next > msg.len() || key != 0x12 || value_key + 2 + usize::from(value_len) != next {
+        // The value's key (0x12) and length fill the rest of the label exactly: the two
+        // bytes compared at once with what they must be (a length that does not leave
+        // room for them wraps around to a value no two bytes hold).
+        let value_len = len.wrapping_sub(4 + name_len);
+        let &field = msg.get(value_key..next)?.first_chunk::<2>()?;
+        if usize::from(u16::from_le_bytes(field)) != 0x12 | value_len << 8 {
             return None;
         }
-        if name_len == tenant_len
-            && msg
-                .get(p + 4..value_key)
-                .is_some_and(|name| short_eq(name, tenant_label))
-        {
+        let name = msg.get(p + 4..value_key)?;
+        if name_len == tenant_len && short_eq(name, tenant_label) {
             out.tenant = Some((start + value_key + 2, start + next));
             out.label_at = Some((start + p, start + next));
-        } else if name_len == 8 && msg.get(p + 4..value_key).is_some_and(is_metric_name) {
+        } else if is_metric_name(name) {
             out.metric_name = (start + value_key + 2, start + next);
         }
         p = next;
