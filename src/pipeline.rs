@@ -91,6 +91,8 @@ pub struct RouteInput<'a> {
     /// The mapped request with NHCB unrolled, and what was unrolled; `None` when the
     /// request has no NHCB.
     pub classic: Option<(&'a [u8], Unrolled)>,
+    /// The decoded request the output was mapped from, and the buffer it spans.
+    pub decoded: (&'a DecodedRequest, &'a [u8]),
 }
 
 /// A workspace that holds more than this ([`Workspace::held_bytes`]) sheds its buffers
@@ -160,6 +162,7 @@ impl Workspace {
             split: &mut self.tenant_split,
             bodies: &mut self.bodies,
             classic: (self.unrolled.histograms > 0).then_some((&self.classic[..], self.unrolled)),
+            decoded: (&self.decoded, &self.raw[..self.raw_len]),
         }
     }
 

@@ -14,6 +14,7 @@
 //!   ÷1000 re-bucketed, exponential ×2^20 shifted; 20 % of the series), 1.0 and 2.0.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
 //! - `zero_alloc_tenant_split`: tenant routing's split and per-tenant bodies (1.0 and 2.0).
+//! - `zero_alloc_one_tenant_split`: a request all of one tenant, read off the input.
 //! - `queues_allocate_per_request_not_per_sample`: storing a request in a memory or disk
 //!   queue costs the same few allocations for 2,000- and 10,000-sample requests.
 //! - `a_memory_queue_holds_no_more_heap_than_it_counts`: a memory queue's heap is what its
@@ -432,6 +433,69 @@ fn zero_alloc_tenant_split() {
         allocs, 0,
         "the warm split and its per-tenant encoding allocated"
     );
+}
+
+/// A request whose series all name one tenant (`namespace`, as every fleet series does),
+/// read off the decoded input and not split: that, the names remembered for metadata
+/// sent alone and the body's compression allocate nothing once warm.
+#[test]
+fn zero_alloc_one_tenant_split() {
+    use promnorm::forward::InputLabels;
+    use promnorm::wire::bodies::{BodyEncoder, V2Output};
+    use promnorm::wire::split::{FamilyTenants, Orphans, SplitOptions, TenantSplit};
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
+    let memory = std::sync::Mutex::new(FamilyTenants::new());
+    let orphans = Orphans {
+        memory: &memory,
+        untenanted_ok: false,
+    };
+    let mut bodies_enc = BodyEncoder::default();
+    let pipeline = Config::embedded_default().pipeline().unwrap();
+    let mut ws = pipeline.take_workspace();
+    let mut split = TenantSplit::new();
+    let opts = SplitOptions {
+        label: b"namespace",
+        default: None,
+        keep_label: true,
+        max_tenants: 1000,
+    };
+    let mut run = |bodies: &[Vec<u8>]| {
+        let (mut allocs, mut whole) = (0u64, 0usize);
+        for b in bodies {
+            pipeline.process(&mut ws, b).expect("valid payload");
+            let stats = pipeline.stats(&ws);
+            let samples = stats.samples_out + stats.histograms_out;
+            assert_eq!(stats.metadata_out, 0);
+            let input = ws.route_input();
+            let before = allocations();
+            let labels = InputLabels {
+                decoded: input.decoded.0,
+                buf: input.decoded.1,
+                edited: pipeline.rules().edited_labels(),
+            };
+            let tenant = labels.one_tenant("namespace").expect("one tenant");
+            let out = split
+                .split_one_tenant(input.mapped, (tenant, samples), &opts, &orphans)
+                .expect("splits")
+                .expect("series in the mapper's shape");
+            let b = bodies_enc
+                .encode(out[0].bytes(input.mapped), false, None, V2Output::No, false)
+                .expect("encodes");
+            assert!(!b.v1.is_empty());
+            allocs += allocations() - before;
+            whole += usize::from(
+                out.len() == 1 && out[0].bytes(input.mapped).len() == input.mapped.len(),
+            );
+        }
+        (allocs, whole)
+    };
+    let half = bodies.len() / 2;
+    run(&bodies[..half]);
+    let (allocs, whole) = run(&bodies[half..]);
+    eprintln!("zero_alloc_one_tenant_split: {whole} requests sent whole, {allocs} allocations");
+    assert_eq!(whole, bodies.len() - half);
+    assert!(!memory.lock().unwrap().is_empty(), "names remembered");
+    assert_eq!(allocs, 0, "the warm one-tenant routing allocated");
 }
 
 /// A backend whose answer never comes: the queue's senders hold their first record.

@@ -449,37 +449,44 @@ fn pipeline_cost(
             .pop()
             .unwrap_or_default();
         // A pass's requests' own CPU and wall time, in µs (without the evictions).
-        let mut pass =
-            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<(f64, f64)> {
-                let (mut own_us, mut own_wall_us) = (0.0, 0.0);
-                for b in head.iter().chain(tail) {
-                    if !scratch.is_empty() {
-                        evict(&mut scratch);
-                    }
-                    let (c0, w0) = if timed {
-                        (thread_cpu_seconds(), Some(Instant::now()))
-                    } else {
-                        (0.0, None)
-                    };
-                    pipeline.process_as(ws, b, input)?;
-                    if let Some(label) = tenancy {
-                        split_and_encode(ws, label, out, &family_tenants)?;
-                    } else if out == Proto::V2 {
-                        pipeline.encode_v2(ws)?;
-                    }
-                    if let Some(d) = pipeline.deriver() {
-                        drained.clear();
-                        d.drain(&mut drained);
-                    }
-                    if let Some(w0) = w0 {
-                        let us = (thread_cpu_seconds() - c0) * 1e6;
-                        own_us += us;
-                        own_wall_us += w0.elapsed().as_secs_f64() * 1e6;
-                        request_us.push(us);
-                    }
+        let mut pass = |ws: &mut promnorm::pipeline::Workspace,
+                        timed: bool|
+         -> anyhow::Result<(f64, f64)> {
+            let (mut own_us, mut own_wall_us) = (0.0, 0.0);
+            for b in head.iter().chain(tail) {
+                if !scratch.is_empty() {
+                    evict(&mut scratch);
                 }
-                Ok((own_us, own_wall_us))
-            };
+                let (c0, w0) = if timed {
+                    (thread_cpu_seconds(), Some(Instant::now()))
+                } else {
+                    (0.0, None)
+                };
+                pipeline.process_as(ws, b, input)?;
+                if let Some(label) = tenancy {
+                    let stats = pipeline.stats(ws);
+                    let (samples, metadata) = (
+                        stats.samples_out + stats.histograms_out,
+                        stats.metadata_out > 0,
+                    );
+                    let edited = pipeline.rules().edited_labels();
+                    split_and_encode(ws, label, out, &family_tenants, (edited, samples, metadata))?;
+                } else if out == Proto::V2 {
+                    pipeline.encode_v2(ws)?;
+                }
+                if let Some(d) = pipeline.deriver() {
+                    drained.clear();
+                    d.drain(&mut drained);
+                }
+                if let Some(w0) = w0 {
+                    let us = (thread_cpu_seconds() - c0) * 1e6;
+                    own_us += us;
+                    own_wall_us += w0.elapsed().as_secs_f64() * 1e6;
+                    request_us.push(us);
+                }
+            }
+            Ok((own_us, own_wall_us))
+        };
         pass(&mut ws, false)?; // warm: buffers grown, caches filled
         start.wait();
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
@@ -576,6 +583,7 @@ fn split_and_encode(
     label: &str,
     out: Proto,
     family_tenants: &std::sync::Mutex<promnorm::wire::split::FamilyTenants>,
+    (edited, samples, metadata_in_body): (&[Box<str>], u64, bool),
 ) -> anyhow::Result<()> {
     use promnorm::wire::bodies::V2Output;
     use promnorm::wire::split::{Orphans, SplitOptions};
@@ -590,7 +598,25 @@ fn split_and_encode(
         memory: family_tenants,
         untenanted_ok: true,
     };
-    input.split.split_routed(input.mapped, &opts, &orphans)?;
+    // As `forward::route` does: a body all of one tenant, the input says, is not split.
+    let input_labels = promnorm::forward::InputLabels {
+        decoded: input.decoded.0,
+        buf: input.decoded.1,
+        edited,
+    };
+    let one_tenant = input_labels
+        .one_tenant(label)
+        .filter(|_| !metadata_in_body)
+        .map(|t| (t, samples));
+    let known = match one_tenant {
+        Some(t) => input
+            .split
+            .split_one_tenant(input.mapped, t, &opts, &orphans)?,
+        None => None,
+    };
+    if known.is_none() {
+        input.split.split_routed(input.mapped, &opts, &orphans)?;
+    }
     for tb in input.split.tenant_bodies() {
         let (v1_done, v2) = match out {
             Proto::V1 => (None, V2Output::No),

@@ -109,6 +109,7 @@ impl Writer {
                 limit_tenants: false,
                 sender: None,
                 classic: None,
+                input: None,
             };
             let routed = self.forwarder.route(
                 &mapped,

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 pub use http_backend::HttpBackend;
-pub use route::{ClassicBody, Delivery, Mapped, RouteError, Routing, TenancyOptions};
+pub use route::{ClassicBody, Delivery, InputLabels, Mapped, RouteError, Routing, TenancyOptions};
 
 /// What one backend said about one request.
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use super::{Backend, NativeHistogramsPolicy, Outcome, Payload};
 use crate::wire::DecodeError;
 use crate::wire::bodies::{BodyEncoder, V2Output};
+use crate::wire::decode::DecodedRequest;
 use crate::wire::encode_v2::MetadataMemory;
 use crate::wire::split::{FamilyTenants, Orphans, SplitError, SplitOptions, TenantSplit};
 
@@ -72,6 +73,33 @@ pub struct Mapped<'a> {
     /// `body` with its NHCB histograms unrolled into classic series, when it has some
     /// (`backends[].native_histograms`).
     pub classic: Option<ClassicBody<'a>>,
+    /// The request `body` was mapped from; `None` for the derived writer's batches.
+    pub input: Option<InputLabels<'a>>,
+}
+
+/// The request a mapped body was made from: where routing learns a tenant without
+/// reading the body.
+#[derive(Clone, Copy)]
+pub struct InputLabels<'a> {
+    pub decoded: &'a DecodedRequest,
+    /// The buffer `decoded` spans.
+    pub buf: &'a [u8],
+    /// Labels some rule may give another value, add or remove (the rules'
+    /// `edited_labels`): any other label of a mapped series is its input series' own.
+    pub edited: &'a [Box<str>],
+}
+
+impl<'a> InputLabels<'a> {
+    /// The tenant of every series of the mapped body, when the input tells it: each of
+    /// its series gives `label` one and the same non-empty value and no rule edits that
+    /// label, so every mapped series carries it too (the mapped series all come from
+    /// input series; derived series are routed apart).
+    pub fn one_tenant(&self, label: &str) -> Option<&'a [u8]> {
+        if self.edited.iter().any(|e| **e == *label) {
+            return None;
+        }
+        self.decoded.common_label_value(self.buf, label.as_bytes())
+    }
 }
 
 /// A mapped body with its NHCB histograms unrolled.
@@ -220,10 +248,17 @@ impl Routing {
                     || mapped.sender.is_some_and(|h| h.contains_key(&opts.header)),
             };
             let Some(classic) = mapped.classic else {
+                // A body whose series all keep the label of one tenant, the input says,
+                // and no metadata: sent as it is, not read series by series.
+                let one_tenant = mapped
+                    .input
+                    .filter(|_| opts.keep_label && !mapped.metadata_in_body)
+                    .and_then(|input| input.one_tenant(&opts.label))
+                    .map(|t| (t, mapped.samples));
                 self.route_tenants(
                     sinks,
                     mapped,
-                    mapped.body,
+                    (mapped.body, one_tenant),
                     (opts, &split, &orphans),
                     members,
                     |_| true,
@@ -251,7 +286,7 @@ impl Routing {
                 self.route_tenants(
                     sinks,
                     mapped,
-                    body,
+                    (body, None),
                     (opts, &split, &orphans),
                     members,
                     take,
@@ -273,13 +308,14 @@ impl Routing {
     }
 
     /// One payload per tenant of `body` for the members of one tenancy group that
-    /// `take`.
+    /// `take`; `one_tenant`: the body's series are all that tenant's, keeping its label,
+    /// and it holds this many samples and no metadata.
     #[allow(clippy::too_many_arguments)]
     fn route_tenants(
         &self,
         sinks: &[Arc<Backend>],
         mapped: &Mapped<'_>,
-        body: &[u8],
+        (body, one_tenant): (&[u8], Option<(&[u8], u64)>),
         (opts, split, orphans): (&TenancyOptions, &SplitOptions<'_>, &Orphans<'_>),
         members: &[usize],
         take: impl Fn(usize) -> bool,
@@ -287,8 +323,17 @@ impl Routing {
         bodies: &mut BodyEncoder,
         out: &mut Vec<Delivery>,
     ) -> Result<(), RouteError> {
-        match split_scratch.split_routed(body, split, orphans) {
-            Ok(_) => {}
+        let known = match one_tenant {
+            Some(tenant) => split_scratch.split_one_tenant(body, tenant, split, orphans),
+            None => Ok(None),
+        };
+        let result = match known {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => split_scratch.split_routed(body, split, orphans).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {}
             Err(SplitError::TooManyTenants(limit)) => {
                 return Err(RouteError::TooManyTenants {
                     limit,

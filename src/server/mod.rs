@@ -24,7 +24,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::derive::writer::Writer;
-use crate::forward::{ClassicBody, Delivery, Forwarder, Mapped, Outcome, RouteError, verdict};
+use crate::forward::{
+    ClassicBody, Delivery, Forwarder, InputLabels, Mapped, Outcome, RouteError, verdict,
+};
 use crate::pipeline::{InputProtocol, Pipeline, Processed};
 use crate::telemetry;
 
@@ -604,6 +606,11 @@ fn process(
                 body,
                 histograms: u.histograms,
                 samples: u.samples,
+            }),
+            input: Some(InputLabels {
+                decoded: input.decoded.0,
+                buf: input.decoded.1,
+                edited: st.pipeline.rules().edited_labels(),
             }),
         };
         st.forwarder

@@ -242,6 +242,32 @@ pub(super) fn reserve_within<T>(v: &mut Vec<T>, want: usize, view: usize, limit:
 }
 
 impl DecodedRequest {
+    /// The value every series of the request gives label `name`, when they all give it
+    /// one and the same non-empty value (`buf`: the buffer the request was decoded
+    /// from); `None` when a series lacks the label or gives it another value, or when
+    /// the request has no series. A decoded series holds each label name once.
+    pub fn common_label_value<'b>(&self, buf: &'b [u8], name: &[u8]) -> Option<&'b [u8]> {
+        let mut common: Option<&'b [u8]> = None;
+        let is_name =
+            |l: &LabelSpan| l.name.len() == name.len() && short_eq(l.name.bytes(buf), name);
+        // Where the label was in the series before: series of one target come together,
+        // their labels in the same places.
+        let mut at = 0;
+        for s in &self.series {
+            let labels = self.labels.get(s.labels.usize())?;
+            if !labels.get(at).is_some_and(is_name) {
+                at = labels.iter().position(is_name)?;
+            }
+            let value = labels[at].value.bytes(buf);
+            match common {
+                Some(c) if short_eq(c, value) => {}
+                None if !value.is_empty() => common = Some(value),
+                _ => return None,
+            }
+        }
+        common
+    }
+
     pub fn clear(&mut self) {
         self.series.clear();
         self.labels.clear();
@@ -1289,6 +1315,109 @@ mod tests {
     use super::*;
     use crate::wire::proto::prometheus::{Label, Sample, WriteRequest};
     use prost::Message;
+
+    /// The value every series gives a label: one non-empty value in every series, or
+    /// none (a series without it, another value, an empty one, no series); 1.0 and 2.0.
+    #[test]
+    fn common_label_value_is_the_one_value_every_series_gives() {
+        use crate::wire::proto::write_v2 as v2;
+        let v1 = |tenants: &[Option<&str>]| {
+            let timeseries = tenants
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut labels = vec![("__name__", format!("m{}", i % 2)), ("a", "x".into())];
+                    if let Some(t) = t {
+                        labels.push(("ns", t.to_string()));
+                    }
+                    labels.push(("z", i.to_string()));
+                    crate::wire::proto::prometheus::TimeSeries {
+                        labels: labels
+                            .into_iter()
+                            .map(|(n, v)| Label {
+                                name: n.into(),
+                                value: v,
+                            })
+                            .collect(),
+                        samples: vec![Sample {
+                            value: 1.0,
+                            timestamp: 1,
+                        }],
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            WriteRequest {
+                timeseries,
+                metadata: vec![],
+            }
+            .encode_to_vec()
+        };
+        let common = |body: &[u8], name: &str| {
+            let mut d = DecodedRequest::default();
+            d.decode(body, DecodeLimits::default()).unwrap();
+            d.common_label_value(body, name.as_bytes())
+                .map(<[u8]>::to_vec)
+        };
+        let a = Some(b"team-a".to_vec());
+        assert_eq!(common(&v1(&[Some("team-a"); 3]), "ns"), a);
+        assert_eq!(common(&v1(&[Some("team-a"); 3]), "a"), Some(b"x".to_vec()));
+        assert_eq!(
+            common(&v1(&[Some("team-a"); 3]), "z"),
+            None,
+            "values differ"
+        );
+        assert_eq!(
+            common(&v1(&[Some("team-a"); 3]), "n"),
+            None,
+            "no such label"
+        );
+        assert_eq!(
+            common(&v1(&[Some("team-a"), None, Some("team-a")]), "ns"),
+            None
+        );
+        assert_eq!(common(&v1(&[Some("team-a"), Some("team-b")]), "ns"), None);
+        assert_eq!(
+            common(&v1(&[Some(""), Some("")]), "ns"),
+            None,
+            "empty: no tenant"
+        );
+        assert_eq!(common(&v1(&[]), "ns"), None, "no series");
+
+        // 2.0: labels are references into the symbols.
+        let symbols: Vec<String> = [
+            "", "__name__", "up", "ns", "team-a", "team-b", "i", "1", "2",
+        ]
+        .map(String::from)
+        .to_vec();
+        let series = |refs: Vec<u32>| v2::TimeSeries {
+            labels_refs: refs,
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let v2_common = |refs: Vec<Vec<u32>>| {
+            let body = v2::Request {
+                symbols: symbols.clone(),
+                timeseries: refs.into_iter().map(series).collect(),
+            }
+            .encode_to_vec();
+            let mut d = DecodedRequest::default();
+            d.decode_v2(&body, DecodeLimits::default()).unwrap();
+            d.common_label_value(&body, b"ns").map(<[u8]>::to_vec)
+        };
+        assert_eq!(
+            v2_common(vec![vec![1, 2, 6, 7, 3, 4], vec![1, 2, 6, 8, 3, 4]]),
+            a
+        );
+        assert_eq!(
+            v2_common(vec![vec![1, 2, 6, 7, 3, 4], vec![1, 2, 6, 8, 3, 5]]),
+            None
+        );
+    }
 
     #[test]
     fn common_prefix_finds_the_first_difference_at_every_length_and_position() {

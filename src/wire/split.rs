@@ -377,14 +377,7 @@ impl TenantSplit {
         opts: &SplitOptions<'_>,
         orphans: Option<&Orphans<'_>>,
     ) -> Result<&[TenantBody], SplitError> {
-        self.used = 0;
-        self.index.clear();
-        self.families.clear();
-        self.metadata_skipped = 0;
-        self.seen.clear();
-        self.recent.clear();
-        self.recent.resize(RECENT_SLOTS, (0, 0, u32::MAX));
-        self.metadata_dropped = 0;
+        self.reset();
         // Metadata entries are placed after the series (any order in the body), from the
         // names the series loop saw.
         let mut has_metadata = false;
@@ -518,21 +511,88 @@ impl TenantSplit {
             }
             self.place_metadata(v1, opts, orphans)?;
         }
-        if let Some(o) = orphans
-            && !self.seen.is_empty()
-        {
-            let mut memory = o
-                .memory
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for &(_, body, start, end) in &self.seen {
-                memory.note(
-                    &v1[start as usize..end as usize],
-                    self.bodies[body as usize].tenant(),
-                );
-            }
+        if let Some(o) = orphans {
+            self.remember_seen(v1, o);
         }
         Ok(&self.bodies[..self.used])
+    }
+
+    /// [`TenantSplit::split_routed`] for a body known to hold only series of tenant
+    /// `tenant` that keep the tenant label, and no metadata: what routing knows when
+    /// every series of the request the body was mapped from gives the label that value
+    /// and no rule edits it (`forward::route`). The body goes as it is, with `samples`
+    /// samples; only the series' metric names are read, for the memory of the tenants
+    /// seen per family. `Ok(None)`: the body is empty, holds anything but series, or a
+    /// series' labels are not in the shape the mapper writes (split it with
+    /// [`TenantSplit::split_routed`]).
+    pub fn split_one_tenant(
+        &mut self,
+        v1: &[u8],
+        (tenant, samples): (&[u8], u64),
+        opts: &SplitOptions<'_>,
+        orphans: &Orphans<'_>,
+    ) -> Result<Option<&[TenantBody]>, SplitError> {
+        self.reset();
+        if v1.is_empty() || tenant.is_empty() {
+            return Ok(None);
+        }
+        let body = self.body_for(Some(tenant), opts.max_tenants)?;
+        let (mut pos, mut series) = (0, 0);
+        let mut previous: Option<Bounds> = None;
+        while pos < v1.len() {
+            let mut r = Reader::new(v1, pos, v1.len());
+            let (true, Ok((start, end))) = (r.eat(0x0a), r.len_delimited()) else {
+                return Ok(None);
+            };
+            let Some(name) = metric_name_fast(v1, start, end) else {
+                return Ok(None);
+            };
+            let repeat = previous.is_some_and(|n| short_eq(&v1[n.0..n.1], &v1[name.0..name.1]));
+            previous = Some(name);
+            if name.1 > name.0 && !repeat {
+                self.note_seen(v1, name, body as u32);
+            }
+            series += 1;
+            pos = end;
+        }
+        let b = &mut self.bodies[body];
+        b.append_piece(v1, 0, v1.len());
+        b.series = series;
+        b.samples = samples;
+        self.seen.sort_unstable_by_key(|s| (s.0, s.1));
+        self.seen.dedup_by_key(|s| (s.0, s.1));
+        self.remember_seen(v1, orphans);
+        Ok(Some(&self.bodies[..self.used]))
+    }
+
+    /// Forgets the last split.
+    fn reset(&mut self) {
+        self.used = 0;
+        self.index.clear();
+        self.families.clear();
+        self.metadata_skipped = 0;
+        self.seen.clear();
+        self.recent.clear();
+        self.recent.resize(RECENT_SLOTS, (0, 0, u32::MAX));
+        self.metadata_dropped = 0;
+    }
+
+    /// Tells the memory the tenants this split sent each series name to (`seen`,
+    /// deduplicated).
+    fn remember_seen(&self, v1: &[u8], orphans: &Orphans<'_>) {
+        if self.seen.is_empty() {
+            return;
+        }
+        let mut memory = orphans
+            .memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &(_, body, start, end) in &self.seen {
+            memory.note(
+                &v1[start as usize..end as usize],
+                self.bodies[body as usize].tenant(),
+            );
+        }
     }
 
     /// The split's usual step, series after series from `v1[pos..]` for as long as each
@@ -859,32 +919,13 @@ fn series_fields_inline(
     // not `get(at..at + N)`: no check in the loop that `at + N` overflows.
     let tenant_len = tenant_label.len();
     let mut p = 0;
-    while let Some(head) = msg.get(p..).and_then(<[u8]>::first_chunk::<4>) {
-        let head = u32::from_le_bytes(*head);
-        // Key 0x0a, length < 128, name key 0x0a, name length < 128.
-        if head & 0x80ff_80ff != 0x000a_000a {
-            if head & 0xff == 0x0a {
-                return None;
-            }
-            break;
-        }
-        let (len, name_len) = (((head >> 8) & 0x7f) as usize, (head >> 24) as usize);
-        let next = p + 2 + len;
-        let value_key = p + 4 + name_len;
-        // The value's key (0x12) and length fill the rest of the label exactly: the two
-        // bytes compared at once with what they must be (a length that does not leave
-        // room for them wraps around to a value no two bytes hold).
-        let value_len = len.wrapping_sub(4 + name_len);
-        let &field = msg.get(value_key..next)?.first_chunk::<2>()?;
-        if usize::from(u16::from_le_bytes(field)) != 0x12 | value_len << 8 {
-            return None;
-        }
-        let name = msg.get(p + 4..value_key)?;
-        if name_len == tenant_len && short_eq(name, tenant_label) {
-            out.tenant = Some((start + value_key + 2, start + next));
+    while let Some(label) = short_label(msg, p) {
+        let ShortLabel { name, value, next } = label?;
+        if name.len() == tenant_len && short_eq(name, tenant_label) {
+            out.tenant = Some((start + value, start + next));
             out.label_at = Some((start + p, start + next));
         } else if is_metric_name(name) {
-            out.metric_name = (start + value_key + 2, start + next);
+            out.metric_name = (start + value, start + next);
         }
         p = next;
     }
@@ -898,6 +939,63 @@ fn series_fields_inline(
         p += 2 + len;
     }
     Some(out)
+}
+
+/// A label in the shape `0x0a LEN 0x0a NL name 0x12 VL value`, one-byte lengths, the
+/// value filling the rest exactly: its name, and where its value starts and it ends.
+struct ShortLabel<'a> {
+    name: &'a [u8],
+    value: usize,
+    next: usize,
+}
+
+/// The label at `msg[p..]`: `None` when no label starts there (a field of another
+/// number, or fewer than four bytes left: the labels ended), `Some(None)` for a label in
+/// another shape. Every read is `get(at..)` then a fixed-size chunk, not
+/// `get(at..at + N)`: no check that `at + N` overflows.
+#[inline(always)]
+fn short_label(msg: &[u8], p: usize) -> Option<Option<ShortLabel<'_>>> {
+    let head = u32::from_le_bytes(*msg.get(p..)?.first_chunk::<4>()?);
+    // Key 0x0a, length < 128, name key 0x0a, name length < 128.
+    if head & 0x80ff_80ff != 0x000a_000a {
+        return (head & 0xff == 0x0a).then_some(None);
+    }
+    let (len, name_len) = (((head >> 8) & 0x7f) as usize, (head >> 24) as usize);
+    let next = p + 2 + len;
+    let value_key = p + 4 + name_len;
+    // The value's key (0x12) and length fill the rest of the label exactly: the two
+    // bytes compared at once with what they must be (a length that does not leave room
+    // for them wraps around to a value no two bytes hold).
+    let value_len = len.wrapping_sub(4 + name_len);
+    let field = msg.get(value_key..next).and_then(<[u8]>::first_chunk::<2>);
+    if field.is_none_or(|f| usize::from(u16::from_le_bytes(*f)) != 0x12 | value_len << 8) {
+        return Some(None);
+    }
+    let Some(name) = msg.get(p + 4..value_key) else {
+        return Some(None);
+    };
+    Some(Some(ShortLabel {
+        name,
+        value: value_key + 2,
+        next,
+    }))
+}
+
+/// The metric name of series `buf[start..end]`, its labels in the shape the mapper
+/// writes ([`short_label`]): the value of its first `__name__` label (the only one in a
+/// body the mapper wrote: it writes each label name once), empty at `start` when its
+/// labels have none; `None` for a label in another shape.
+fn metric_name_fast(buf: &[u8], start: usize, end: usize) -> Option<Bounds> {
+    let msg = buf.get(start..end)?;
+    let mut p = 0;
+    while let Some(label) = short_label(msg, p) {
+        let ShortLabel { name, value, next } = label?;
+        if is_metric_name(name) {
+            return Some((start + value, start + next));
+        }
+        p = next;
+    }
+    Some((start, start))
 }
 
 fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
@@ -1519,6 +1617,113 @@ mod tests {
         // A body of the same split again starts empty, whatever it held before.
         let bodies = split.split(&one, &opts(None, true, 10)).unwrap();
         assert_eq!(bodies[0].bytes(&one).as_ptr(), one.as_ptr());
+    }
+
+    /// A body known to be all one tenant's goes as the full split sends it: one body,
+    /// the input itself, its series and samples counted, each name remembered for the
+    /// tenant; anything but series in the mapper's shape is left to the full split.
+    #[test]
+    fn one_known_tenant_goes_as_the_full_split_sends_it() {
+        let mut body = Vec::new();
+        let mut scratch = Vec::new();
+        // Names first, after labels sorted before them, or absent; two samples some.
+        for (i, (before, name)) in [
+            (None, Some("up")),
+            (None, Some("up")),
+            (Some("DCGM_VERSION"), Some("gpu_util")),
+            (Some("Hostname"), None),
+            (None, Some("up")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut w = SeriesWriter::new(&mut scratch);
+            if let Some(b) = before {
+                w.label(b.as_bytes(), b"x");
+            }
+            if let Some(n) = name {
+                w.label(b"__name__", n.as_bytes());
+            }
+            w.label(b"i", i.to_string().as_bytes());
+            w.label(b"tenant", b"a");
+            w.sample(1f64.to_bits(), 1000);
+            if i % 2 == 0 {
+                w.sample(2f64.to_bits(), 2000);
+            }
+            w.finish(&mut body);
+        }
+        let (full_memory, known_memory) = (
+            Mutex::new(FamilyTenants::new()),
+            Mutex::new(FamilyTenants::new()),
+        );
+        let orphans = |memory| Orphans {
+            memory,
+            untenanted_ok: false,
+        };
+        let opts = opts(Some(b"anon"), true, 10);
+        let mut full = TenantSplit::new();
+        let want = full
+            .split_routed(&body, &opts, &orphans(&full_memory))
+            .unwrap();
+        let mut known = TenantSplit::new();
+        let got = known
+            .split_one_tenant(&body, (b"a", 8), &opts, &orphans(&known_memory))
+            .unwrap()
+            .expect("series in the mapper's shape");
+        let view = |b: &[TenantBody]| -> Vec<_> {
+            b.iter()
+                .map(|t| {
+                    let bytes = t.bytes(&body);
+                    (
+                        t.tenant().map(<[u8]>::to_vec),
+                        bytes.as_ptr(),
+                        bytes.len(),
+                        t.series,
+                        t.samples,
+                        t.has_metadata,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(view(got), view(want));
+        assert_eq!(view(got)[0].1, body.as_ptr(), "the input itself");
+        for name in ["up", "gpu_util", "Hostname", "i"] {
+            let recent = |m: &Mutex<FamilyTenants>| -> Vec<Option<Vec<u8>>> {
+                m.lock()
+                    .unwrap()
+                    .recent(name.as_bytes())
+                    .map(|t| t.map(<[u8]>::to_vec))
+                    .collect()
+            };
+            assert_eq!(recent(&known_memory), recent(&full_memory), "{name}");
+        }
+        assert_eq!(known_memory.lock().unwrap().len(), 2, "up and gpu_util");
+
+        // Metadata, an empty body, a label in another shape: the full split's.
+        let with_metadata = request(&[Some("a"), Some("a")]);
+        let long = {
+            let mut b = Vec::new();
+            let mut w = SeriesWriter::new(&mut scratch);
+            w.label(b"A", "v".repeat(200).as_bytes());
+            w.label(b"__name__", b"up");
+            w.label(b"tenant", b"a");
+            w.sample(1f64.to_bits(), 1000);
+            w.finish(&mut b);
+            b
+        };
+        for other in [&with_metadata[..], &[], &long] {
+            let r = known.split_one_tenant(other, (b"a", 2), &opts, &orphans(&known_memory));
+            assert!(r.unwrap().is_none(), "{other:02x?}");
+        }
+        // The tenant limit holds.
+        let none = SplitOptions {
+            max_tenants: 0,
+            ..opts
+        };
+        assert!(matches!(
+            known.split_one_tenant(&body, (b"a", 8), &none, &orphans(&known_memory)),
+            Err(SplitError::TooManyTenants(0))
+        ));
     }
 
     #[test]

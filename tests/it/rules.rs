@@ -1634,3 +1634,47 @@ fn a_family_without_style_evidence_is_scanned_once_per_request() {
     assert_eq!(find(&out, "q_bytes_bucket").len(), 20_000);
     assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
 }
+
+/// The labels the rules may edit, which routing cannot read off the input: every label a
+/// rule renames (from and to), maps a value of, splits on, sets or drops; `le` when a
+/// rule rescales (bucket bounds); `__name__` always.
+#[test]
+fn the_labels_rules_edit_are_listed() {
+    let dir = std::env::temp_dir().join(format!("promnorm-edited-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let compile = |pack: &str| {
+        std::fs::write(dir.join("p.yaml"), pack).unwrap();
+        std::fs::write(
+            dir.join("cfg.yaml"),
+            "listen: 127.0.0.1:0\npacks:\n  builtin: none\n  files: [p.yaml]\n",
+        )
+        .unwrap();
+        let cfg = Config::load(&dir.join("cfg.yaml")).unwrap();
+        let p = Pipeline::new(Arc::new(cfg.validate().unwrap()), PipelineLimits::default());
+        p.rules()
+            .edited_labels()
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        compile("pack: p\nrules:\n  - match: {family: a}\n    rename: b\n"),
+        ["__name__"]
+    );
+    assert_eq!(
+        compile(
+            "pack: p\nrules:\n  - match: {family: a}\n    rename_labels: {svc: service}\n    label_values: {stage: {old: new}}\n    set_labels: {team: infra}\n    drop_labels: [pod_uid]\n  - match: {family: c}\n    split_by_label: {label: direction, names: {in: rx, out: tx}}\n  - match: {family: d_ms}\n    rename: d_seconds\n    scale: 1/1000\n"
+        ),
+        [
+            "__name__",
+            "direction",
+            "le",
+            "pod_uid",
+            "service",
+            "stage",
+            "svc",
+            "team"
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

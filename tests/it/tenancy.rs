@@ -923,3 +923,88 @@ async fn a_saturated_backend_answers_the_configured_throttle_status() {
     assert!(backend.peak.load(Ordering::SeqCst) <= 4);
     proxy.shut_down().await;
 }
+
+/// A request whose series all name one tenant goes to it as one body (routing reads the
+/// tenant off the input, not the body); a rule that edits the tenant label is honoured
+/// (the series it moves go to the tenant it gives them), and the names of a request sent
+/// whole are remembered for metadata sent alone.
+#[tokio::test]
+async fn one_tenant_requests_go_whole_and_a_rule_editing_the_tenant_label_is_honoured() {
+    let (url, log) = tenant_backend(|_, _| 204).await;
+    let dir = std::env::temp_dir().join(format!("promnorm-one-tenant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pack = dir.join("mover.yaml");
+    std::fs::write(
+        &pack,
+        "pack: mover\nrules:\n  - match: {family: moved}\n    set_labels: {tenant: b}\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  keep_label: true\npacks:\n  builtin: none\n  files: [{}]\nbackends:\n  - name: one_tenant\n    url: {url}\n",
+        pack.display()
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
+    let r = post(&proxy.url(), request(&[Some("a"); 4]), RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    {
+        let got = log.lock().unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].tenant, some("a"));
+        assert_eq!(got[0].ids, ["0", "1", "2", "3"]);
+        assert!(
+            got[0].tenant_labels.iter().all(|t| t == &some("a")),
+            "{got:?}"
+        );
+    }
+    assert_eq!(
+        proxy
+            .metric(
+                "promnorm_tenant_samples_total",
+                &[
+                    "backend=\"one_tenant\"",
+                    "tenant=\"a\"",
+                    "outcome=\"delivered\""
+                ]
+            )
+            .await,
+        8.0
+    );
+    // Metadata alone for the family just sent: to its tenant, from the names remembered.
+    log.lock().unwrap().clear();
+    let r = post(&proxy.url(), metadata_only(&["t"]), RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    {
+        let got = log.lock().unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].tenant.clone(), got[0].ids.len()), (some("a"), 0));
+    }
+    // Every series names tenant a, but the rule moves family `moved` to b.
+    log.lock().unwrap().clear();
+    let body = encode(&pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[("__name__", "t_total"), ("i", "0"), ("tenant", "a")],
+                &[(1.0, TS)],
+            ),
+            series(
+                &[("__name__", "moved"), ("i", "1"), ("tenant", "a")],
+                &[(1.0, TS)],
+            ),
+            series(
+                &[("__name__", "t_total"), ("i", "2"), ("tenant", "a")],
+                &[(1.0, TS)],
+            ),
+        ],
+        metadata: vec![],
+    });
+    let r = post(&proxy.url(), body, RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let got = by_tenant(&log, 204);
+    assert_eq!(got[&some("a")], ids(&["0", "2"]));
+    assert_eq!(got[&some("b")], ids(&["1"]));
+    for g in log.lock().unwrap().iter() {
+        assert!(g.tenant_labels.iter().all(|t| t == &g.tenant), "{g:?}");
+    }
+    proxy.shut_down().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -193,6 +193,8 @@ pub struct Rules {
     renames: super::renames::RenameTracker,
     /// Per plan (family): series, samples, last seen (`/rules`).
     families: super::renames::RenameTracker,
+    /// [`Rules::edited_labels`].
+    edited_labels: Vec<Box<str>>,
 }
 
 impl Rules {
@@ -276,7 +278,30 @@ impl Rules {
             .any(|r| !matches!(r.matcher, Matcher::Exact(_)))
             || !dedups.is_empty();
 
+        // The labels a rule may give another value, add or remove (`__name__` always:
+        // renames, splits and the metadata `_total` fix; `le` when a rule rescales).
+        let mut edited_labels: Vec<Box<str>> = vec!["__name__".into()];
+        for r in &rules {
+            for (from, to) in &r.rename_labels {
+                edited_labels.extend([from.clone(), to.clone()]);
+            }
+            edited_labels.extend(r.label_values.iter().map(|(label, _, _)| label.clone()));
+            edited_labels.extend(r.split.iter().map(|(label, _)| label.clone()));
+            edited_labels.extend(r.set_labels.iter().map(|(name, _)| name.clone()));
+            edited_labels.extend(r.drop_labels.iter().cloned());
+            let split_scales = r
+                .split
+                .as_ref()
+                .is_some_and(|(_, values)| values.iter().any(|(_, _, o)| o.scale.is_some()));
+            if r.scale.is_some() || split_scales {
+                edited_labels.push("le".into());
+            }
+        }
+        edited_labels.sort_unstable();
+        edited_labels.dedup();
+
         let mut compiled = Rules {
+            edited_labels,
             rules,
             dedups,
             packs: pack_opts,
@@ -357,6 +382,13 @@ impl Rules {
 
     pub fn reasons(&self) -> &[String] {
         &self.reasons
+    }
+
+    /// Labels some rule may give another value, add or remove, sorted: every other
+    /// label of a mapped series has the value its input series gave it (or is absent
+    /// as there). Routing reads a tenant off the input when its label is not here.
+    pub fn edited_labels(&self) -> &[Box<str>] {
+        &self.edited_labels
     }
 
     pub fn packs(&self) -> &[PackOptions] {
