@@ -983,8 +983,10 @@ fn short_label(msg: &[u8], p: usize) -> Option<Option<ShortLabel<'_>>> {
 
 /// The metric name of series `buf[start..end]`, its labels in the shape the mapper
 /// writes ([`short_label`]): the value of its first `__name__` label (the only one in a
-/// body the mapper wrote: it writes each label name once), empty at `start` when its
-/// labels have none; `None` for a label in another shape.
+/// body the mapper wrote: it writes each label name once). `None` for a label in another
+/// shape, or none named `__name__` before the first field that is not a label (a series
+/// whose labels do not all come first, which a sender may write and the mapper copy as
+/// it came: the full split reads those).
 fn metric_name_fast(buf: &[u8], start: usize, end: usize) -> Option<Bounds> {
     let msg = buf.get(start..end)?;
     let mut p = 0;
@@ -995,7 +997,7 @@ fn metric_name_fast(buf: &[u8], start: usize, end: usize) -> Option<Bounds> {
         }
         p = next;
     }
-    Some((start, start))
+    None
 }
 
 fn label(buf: &[u8], start: usize, end: usize) -> Result<(Bounds, Bounds), DecodeError> {
@@ -1631,7 +1633,7 @@ mod tests {
             (None, Some("up")),
             (None, Some("up")),
             (Some("DCGM_VERSION"), Some("gpu_util")),
-            (Some("Hostname"), None),
+            (Some("Hostname"), Some("gpu_util")),
             (None, Some("up")),
         ]
         .into_iter()
@@ -1699,8 +1701,25 @@ mod tests {
         }
         assert_eq!(known_memory.lock().unwrap().len(), 2, "up and gpu_util");
 
-        // Metadata, an empty body, a label in another shape: the full split's.
+        // Metadata, an empty body, a label in another shape, a series with no name
+        // among its labels before its samples: the full split's.
         let with_metadata = request(&[Some("a"), Some("a")]);
+        let samples_first = {
+            use crate::wire::pb::put_bytes_field;
+            let mut sample = vec![0x09];
+            sample.extend_from_slice(&1f64.to_bits().to_le_bytes());
+            let mut ts = Vec::new();
+            put_bytes_field(&mut ts, 2, &sample);
+            for (n, v) in [("__name__", "up"), ("tenant", "a")] {
+                let mut l = Vec::new();
+                put_bytes_field(&mut l, 1, n.as_bytes());
+                put_bytes_field(&mut l, 2, v.as_bytes());
+                put_bytes_field(&mut ts, 1, &l);
+            }
+            let mut b = Vec::new();
+            put_bytes_field(&mut b, 1, &ts);
+            b
+        };
         let long = {
             let mut b = Vec::new();
             let mut w = SeriesWriter::new(&mut scratch);
@@ -1711,7 +1730,19 @@ mod tests {
             w.finish(&mut b);
             b
         };
-        for other in [&with_metadata[..], &[], &long] {
+        assert_eq!(
+            decoded(
+                &full.split(&samples_first, &opts).unwrap()[0],
+                &samples_first
+            )
+            .1
+            .timeseries[0]
+                .labels[0]
+                .value,
+            "up",
+            "a body prost reads"
+        );
+        for other in [&with_metadata[..], &[], &long, &samples_first] {
             let r = known.split_one_tenant(other, (b"a", 2), &opts, &orphans(&known_memory));
             assert!(r.unwrap().is_none(), "{other:02x?}");
         }

@@ -402,6 +402,20 @@ impl Session {
         }
     }
 
+    /// Waits up to 30 s for the page's URL to contain `part` (a form's submit has
+    /// navigated), and returns it.
+    async fn url_containing(&self, part: &str) -> String {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = wd("GET", &format!("{}/url", self.d), None).await;
+            let url = v["value"].as_str().unwrap_or_default().to_string();
+            if url.contains(part) || std::time::Instant::now() >= until {
+                return url;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn type_into(&self, css: &str, text: &str) {
         let e = self.find(css, Duration::from_secs(10)).await;
         wd(
@@ -563,10 +577,28 @@ async fn webdriver_drives_every_page_of_a_real_serve_under_a_prefix() {
     s.go(&format!("{ui}/rules")).await;
     s.type_into("input[name=q]", "kv_transfer_latency").await;
     s.click("form button").await;
+    // The unfiltered page lists the rule too: wait for the filtered one, which counts
+    // fewer rules than there are.
+    let url = s.url_containing("q=kv_transfer_latency").await;
+    assert!(url.contains("q=kv_transfer_latency"), "{url}");
     let rules = s
         .text_containing("body", "sglang:kv_transfer_latency_ms")
         .await;
     assert!(rules.contains("sglang:kv_transfer_latency_ms"), "{rules}");
+    let counts: Vec<usize> = rules
+        .split(" rules")
+        .next()
+        .and_then(|head| head.rsplit('\n').next())
+        .map(|line| {
+            line.split(" of ")
+                .filter_map(|n| n.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        matches!(counts[..], [shown, all] if shown > 0 && shown < all),
+        "the filter kept some rules: {counts:?} in {rules}"
+    );
     s.screenshot(&shots.join("rules.png")).await;
     assert_eq!(
         s.console().await,

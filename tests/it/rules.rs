@@ -1661,6 +1661,13 @@ fn the_labels_rules_edit_are_listed() {
         compile("pack: p\nrules:\n  - match: {family: a}\n    rename: b\n"),
         ["__name__"]
     );
+    // `le` for a split value's own factor too.
+    assert_eq!(
+        compile(
+            "pack: p\nrules:\n  - match: {family: lat}\n    split_by_label: {label: u, names: {ms: {name: lat_seconds, scale: 1/1000}}}\n"
+        ),
+        ["__name__", "le", "u"]
+    );
     assert_eq!(
         compile(
             "pack: p\nrules:\n  - match: {family: a}\n    rename_labels: {svc: service}\n    label_values: {stage: {old: new}}\n    set_labels: {team: infra}\n    drop_labels: [pod_uid]\n  - match: {family: c}\n    split_by_label: {label: direction, names: {in: rx, out: tx}}\n  - match: {family: d_ms}\n    rename: d_seconds\n    scale: 1/1000\n"

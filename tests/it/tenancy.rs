@@ -925,24 +925,15 @@ async fn a_saturated_backend_answers_the_configured_throttle_status() {
 }
 
 /// A request whose series all name one tenant goes to it as one body (routing reads the
-/// tenant off the input, not the body); a rule that edits the tenant label is honoured
-/// (the series it moves go to the tenant it gives them), and the names of a request sent
-/// whole are remembered for metadata sent alone.
+/// tenant off the input, not the body), its samples counted and its names remembered for
+/// metadata sent alone; with a rule that edits the tenant label, the series it moves go
+/// to the tenant it gives them.
 #[tokio::test]
 async fn one_tenant_requests_go_whole_and_a_rule_editing_the_tenant_label_is_honoured() {
     let (url, log) = tenant_backend(|_, _| 204).await;
-    let dir = std::env::temp_dir().join(format!("promnorm-one-tenant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let pack = dir.join("mover.yaml");
-    std::fs::write(
-        &pack,
-        "pack: mover\nrules:\n  - match: {family: moved}\n    set_labels: {tenant: b}\n",
-    )
-    .unwrap();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\ntenancy:\n  label: tenant\n  keep_label: true\npacks:\n  builtin: none\n  files: [{}]\nbackends:\n  - name: one_tenant\n    url: {url}\n",
-        pack.display()
-    );
+    let tenancy = "tenancy:\n  label: tenant\n  keep_label: true\n";
+    let yaml =
+        format!("listen: 127.0.0.1:0\n{tenancy}backends:\n  - name: one_tenant\n    url: {url}\n");
     let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
     let r = post(&proxy.url(), request(&[Some("a"); 4]), RW_HEADERS).await;
     assert_eq!(r.status, 204, "{}", r.body);
@@ -978,7 +969,22 @@ async fn one_tenant_requests_go_whole_and_a_rule_editing_the_tenant_label_is_hon
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!((got[0].tenant.clone(), got[0].ids.len()), (some("a"), 0));
     }
-    // Every series names tenant a, but the rule moves family `moved` to b.
+    proxy.shut_down().await;
+
+    // Every series names tenant a, but a rule moves family `moved` to b.
+    let dir = std::env::temp_dir().join(format!("promnorm-one-tenant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pack = dir.join("mover.yaml");
+    std::fs::write(
+        &pack,
+        "pack: mover\nrules:\n  - match: {family: moved}\n    set_labels: {tenant: b}\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\n{tenancy}packs:\n  builtin: none\n  files: [{}]\nbackends:\n  - url: {url}\n",
+        pack.display()
+    );
+    let proxy = start_proxy_yaml(&yaml, Duration::from_secs(2)).await;
     log.lock().unwrap().clear();
     let body = encode(&pb::WriteRequest {
         timeseries: vec![
