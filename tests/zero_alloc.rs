@@ -13,8 +13,8 @@
 //!   more series as native histograms under rescale rules (NHCB ÷1000, exponential
 //!   ÷1000 re-bucketed, exponential ×2^20 shifted; 20 % of the series), 1.0 and 2.0.
 //! - `derived_state_bytes_per_series`: heap held by the derived-series state per series.
-//! - `zero_alloc_tenant_split`: tenant routing's split and per-tenant bodies (1.0 and 2.0).
-//! - `zero_alloc_one_tenant_split`: a request all of one tenant, read off the input.
+//! - `zero_alloc_tenant_split`: tenant routing's split and per-tenant bodies (1.0 and 2.0),
+//!   and a request all of one tenant, read off the input.
 //! - `queues_allocate_per_request_not_per_sample`: storing a request in a memory or disk
 //!   queue costs the same few allocations for 2,000- and 10,000-sample requests.
 //! - `a_memory_queue_holds_no_more_heap_than_it_counts`: a memory queue's heap is what its
@@ -373,7 +373,7 @@ fn derived_state_bytes_per_series() {
 
 /// Splitting the mapped requests by tenant (`wire::split`, one body per `instance`)
 /// allocates nothing once warm, the memory of each name's tenants (for metadata sent
-/// alone) included.
+/// alone) included; nor does a request all of one tenant, which is not split.
 #[test]
 fn zero_alloc_tenant_split() {
     use promnorm::wire::bodies::{BodyEncoder, V2Output};
@@ -433,33 +433,18 @@ fn zero_alloc_tenant_split() {
         allocs, 0,
         "the warm split and its per-tenant encoding allocated"
     );
-}
 
-/// A request whose series all name one tenant (`namespace`, as every fleet series does),
-/// read off the decoded input and not split: that, the names remembered for metadata
-/// sent alone and the body's compression allocate nothing once warm.
-#[test]
-fn zero_alloc_one_tenant_split() {
+    // A request whose series all name one tenant (`namespace`, as every fleet series
+    // does), read off the decoded input and not split: that, the names remembered for
+    // metadata sent alone and the body's compression.
     use promnorm::forward::InputLabels;
-    use promnorm::wire::bodies::{BodyEncoder, V2Output};
-    use promnorm::wire::split::{FamilyTenants, Orphans, SplitOptions, TenantSplit};
-    let bodies = fleet::request_bodies(fleet::Mode::Default, 60);
-    let memory = std::sync::Mutex::new(FamilyTenants::new());
-    let orphans = Orphans {
-        memory: &memory,
-        untenanted_ok: false,
-    };
-    let mut bodies_enc = BodyEncoder::default();
-    let pipeline = Config::embedded_default().pipeline().unwrap();
-    let mut ws = pipeline.take_workspace();
-    let mut split = TenantSplit::new();
-    let opts = SplitOptions {
+    let one_opts = SplitOptions {
         label: b"namespace",
         default: None,
         keep_label: true,
         max_tenants: 1000,
     };
-    let mut run = |bodies: &[Vec<u8>]| {
+    let mut run_one = |bodies: &[Vec<u8>]| {
         let mut allocs = 0u64;
         for b in bodies {
             pipeline.process(&mut ws, b).expect("valid payload");
@@ -475,7 +460,7 @@ fn zero_alloc_one_tenant_split() {
             };
             let tenant = labels.one_tenant("namespace").expect("one tenant");
             let out = split
-                .split_one_tenant(input.mapped, (tenant, samples), &opts, &orphans)
+                .split_one_tenant(input.mapped, (tenant, samples), &one_opts, &orphans)
                 .expect("splits")
                 .expect("series in the mapper's shape");
             let b = bodies_enc
@@ -486,11 +471,19 @@ fn zero_alloc_one_tenant_split() {
         }
         allocs
     };
-    let half = bodies.len() / 2;
-    run(&bodies[..half]);
-    let allocs = run(&bodies[half..]);
+    run_one(&bodies[..half]);
+    let allocs = run_one(&bodies[half..]);
     eprintln!("zero_alloc_one_tenant_split: {allocs} allocations");
-    assert!(!memory.lock().unwrap().is_empty(), "names remembered");
+    let remembered: Vec<Option<Vec<u8>>> = memory
+        .lock()
+        .unwrap()
+        .recent(b"vllm:num_requests_running")
+        .map(|t| t.map(<[u8]>::to_vec))
+        .collect();
+    assert!(
+        remembered.contains(&Some(b"llm-serving".to_vec())),
+        "names remembered for the tenant"
+    );
     assert_eq!(allocs, 0, "the warm one-tenant routing allocated");
 }
 
