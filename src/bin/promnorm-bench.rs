@@ -449,44 +449,37 @@ fn pipeline_cost(
             .pop()
             .unwrap_or_default();
         // A pass's requests' own CPU and wall time, in µs (without the evictions).
-        let mut pass = |ws: &mut promnorm::pipeline::Workspace,
-                        timed: bool|
-         -> anyhow::Result<(f64, f64)> {
-            let (mut own_us, mut own_wall_us) = (0.0, 0.0);
-            for b in head.iter().chain(tail) {
-                if !scratch.is_empty() {
-                    evict(&mut scratch);
+        let mut pass =
+            |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<(f64, f64)> {
+                let (mut own_us, mut own_wall_us) = (0.0, 0.0);
+                for b in head.iter().chain(tail) {
+                    if !scratch.is_empty() {
+                        evict(&mut scratch);
+                    }
+                    let (c0, w0) = if timed {
+                        (thread_cpu_seconds(), Some(Instant::now()))
+                    } else {
+                        (0.0, None)
+                    };
+                    pipeline.process_as(ws, b, input)?;
+                    if let Some(label) = tenancy {
+                        split_and_encode(&pipeline, ws, label, out, &family_tenants)?;
+                    } else if out == Proto::V2 {
+                        pipeline.encode_v2(ws)?;
+                    }
+                    if let Some(d) = pipeline.deriver() {
+                        drained.clear();
+                        d.drain(&mut drained);
+                    }
+                    if let Some(w0) = w0 {
+                        let us = (thread_cpu_seconds() - c0) * 1e6;
+                        own_us += us;
+                        own_wall_us += w0.elapsed().as_secs_f64() * 1e6;
+                        request_us.push(us);
+                    }
                 }
-                let (c0, w0) = if timed {
-                    (thread_cpu_seconds(), Some(Instant::now()))
-                } else {
-                    (0.0, None)
-                };
-                pipeline.process_as(ws, b, input)?;
-                if let Some(label) = tenancy {
-                    let stats = pipeline.stats(ws);
-                    let (samples, metadata) = (
-                        stats.samples_out + stats.histograms_out,
-                        stats.metadata_out > 0,
-                    );
-                    let edited = pipeline.rules().edited_labels();
-                    split_and_encode(ws, label, out, &family_tenants, (edited, samples, metadata))?;
-                } else if out == Proto::V2 {
-                    pipeline.encode_v2(ws)?;
-                }
-                if let Some(d) = pipeline.deriver() {
-                    drained.clear();
-                    d.drain(&mut drained);
-                }
-                if let Some(w0) = w0 {
-                    let us = (thread_cpu_seconds() - c0) * 1e6;
-                    own_us += us;
-                    own_wall_us += w0.elapsed().as_secs_f64() * 1e6;
-                    request_us.push(us);
-                }
-            }
-            Ok((own_us, own_wall_us))
-        };
+                Ok((own_us, own_wall_us))
+            };
         pass(&mut ws, false)?; // warm: buffers grown, caches filled
         start.wait();
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
@@ -579,14 +572,19 @@ fn evict(scratch: &mut [u8]) {
 /// What the router does with a processed request for a tenancy group keyed by `label`
 /// (the tenant label kept): split it by tenant, encode each tenant's body.
 fn split_and_encode(
+    pipeline: &promnorm::pipeline::Pipeline,
     ws: &mut promnorm::pipeline::Workspace,
     label: &str,
     out: Proto,
     family_tenants: &std::sync::Mutex<promnorm::wire::split::FamilyTenants>,
-    (edited, samples, metadata_in_body): (&[Box<str>], u64, bool),
 ) -> anyhow::Result<()> {
     use promnorm::wire::bodies::V2Output;
     use promnorm::wire::split::{Orphans, SplitOptions};
+    let stats = pipeline.stats(ws);
+    let (samples, metadata) = (
+        stats.samples_out + stats.histograms_out,
+        stats.metadata_out > 0,
+    );
     let input = ws.route_input();
     let opts = SplitOptions {
         label: label.as_bytes(),
@@ -599,24 +597,17 @@ fn split_and_encode(
         untenanted_ok: true,
     };
     // As `forward::route` does: a body all of one tenant, the input says, is not split.
-    let input_labels = promnorm::forward::InputLabels {
+    let one_tenant = promnorm::forward::InputLabels {
         decoded: input.decoded.0,
         buf: input.decoded.1,
-        edited,
-    };
-    let one_tenant = input_labels
-        .one_tenant(label)
-        .filter(|_| !metadata_in_body)
-        .map(|t| (t, samples));
-    let known = match one_tenant {
-        Some(t) => input
-            .split
-            .split_one_tenant(input.mapped, t, &opts, &orphans)?,
-        None => None,
-    };
-    if known.is_none() {
-        input.split.split_routed(input.mapped, &opts, &orphans)?;
+        edited: pipeline.rules().edited_labels(),
     }
+    .one_tenant(label)
+    .filter(|_| !metadata)
+    .map(|t| (t, samples));
+    input
+        .split
+        .split_routed_known(input.mapped, one_tenant, &opts, &orphans)?;
     for tb in input.split.tenant_bodies() {
         let (v1_done, v2) = match out {
             Proto::V1 => (None, V2Output::No),

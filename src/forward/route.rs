@@ -248,11 +248,11 @@ impl Routing {
                     || mapped.sender.is_some_and(|h| h.contains_key(&opts.header)),
             };
             let Some(classic) = mapped.classic else {
-                // A body whose series all keep the label of one tenant, the input says,
+                // A body whose series all carry the label of one tenant, the input says,
                 // and no metadata: sent as it is, not read series by series.
                 let one_tenant = mapped
                     .input
-                    .filter(|_| opts.keep_label && !mapped.metadata_in_body)
+                    .filter(|_| !mapped.metadata_in_body)
                     .and_then(|input| input.one_tenant(&opts.label))
                     .map(|t| (t, mapped.samples));
                 self.route_tenants(
@@ -308,8 +308,8 @@ impl Routing {
     }
 
     /// One payload per tenant of `body` for the members of one tenancy group that
-    /// `take`; `one_tenant`: the body's series are all that tenant's, keeping its label,
-    /// and it holds this many samples and no metadata.
+    /// `take`; `one_tenant`: the body's series are all that tenant's, and it holds this
+    /// many samples and no metadata.
     #[allow(clippy::too_many_arguments)]
     fn route_tenants(
         &self,
@@ -323,17 +323,8 @@ impl Routing {
         bodies: &mut BodyEncoder,
         out: &mut Vec<Delivery>,
     ) -> Result<(), RouteError> {
-        let known = match one_tenant {
-            Some(tenant) => split_scratch.split_one_tenant(body, tenant, split, orphans),
-            None => Ok(None),
-        };
-        let result = match known {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => split_scratch.split_routed(body, split, orphans).map(|_| ()),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => {}
+        match split_scratch.split_routed_known(body, one_tenant, split, orphans) {
+            Ok(_) => {}
             Err(SplitError::TooManyTenants(limit)) => {
                 return Err(RouteError::TooManyTenants {
                     limit,
