@@ -535,6 +535,55 @@ pub fn web_options(cfg: &Config) -> Result<crate::web::WebOptions, BuildError> {
     })
 }
 
+/// The query API's settings (`query`), its credentials read; `None` when it is off.
+pub fn query_options(cfg: &Config) -> Result<Option<crate::query::QueryOptions>, BuildError> {
+    let Some(q) = &cfg.query else {
+        return Ok(None);
+    };
+    let secret_error = |source| ConfigError::Secret {
+        at: String::new(),
+        owner: "query".into(),
+        source,
+    };
+    let url = crate::config::parse_backend_url(&q.upstream).map_err(|source| ConfigError::Url {
+        at: String::new(),
+        source,
+    })?;
+    let mut headers: Vec<(String, String)> = q
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let basic = match (&q.basic_auth, url.userinfo) {
+        (Some(b), _) => Some((b.username.clone(), b.password.read().map_err(secret_error)?)),
+        (None, userinfo) => userinfo,
+    };
+    if let Some((username, password)) = basic {
+        let token = crate::forward::http_backend::base64_encode(
+            format!("{username}:{password}").as_bytes(),
+        );
+        headers.push(("authorization".into(), format!("Basic {token}")));
+    }
+    if let Some(t) = &q.bearer_token {
+        let token = t.read().map_err(secret_error)?;
+        headers.push(("authorization".into(), format!("Bearer {}", token.trim())));
+    }
+    Ok(Some(crate::query::QueryOptions {
+        upstream: crate::query::upstream::UpstreamOptions {
+            base: url.uri.to_string().trim_end_matches('/').to_string(),
+            timeout: q.timeout,
+            max_response_bytes: usize_of(q.max_response_bytes.bytes()),
+            headers,
+            tls: TlsOptions {
+                ca_file: q.tls.ca_file.clone(),
+                insecure_skip_verify: q.tls.insecure_skip_verify,
+            },
+        },
+        max_concurrent: q.max_concurrent,
+        merge_old_names: q.merge_old_names,
+    }))
+}
+
 /// The server's own settings of a configuration (the ingest token read).
 pub fn server_options(cfg: &Config) -> Result<crate::server::ServerOptions, BuildError> {
     crate::telemetry::set_tenant_limit(cfg.limits.max_tenants_in_metrics);
@@ -681,6 +730,12 @@ pub fn build(cfg: &Config, previous: Option<&Running>) -> Result<Running, BuildE
     // The same backends serve every configuration that keeps them.
     let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect());
     let mut state = AppState::new(pipeline, forwarder, server_options(&cfg)?);
+    if let Some(opts) = query_options(&cfg)? {
+        let usage = previous
+            .and_then(|p| p.state.query.as_ref())
+            .map(|q| q.usage().clone());
+        state.query = Some(Arc::new(crate::query::QueryApi::new(opts, usage)?));
+    }
     if let Some(p) = previous {
         let old = &p.state;
         state.ready = old.ready.clone();

@@ -18,6 +18,7 @@ pub mod migrate;
 pub mod normalize;
 pub mod pem;
 pub mod pipeline;
+pub mod query;
 pub mod reload;
 pub mod rules_export;
 pub mod serve;

@@ -114,6 +114,10 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     #[cfg(unix)]
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
     let app = crate::server::router_live(live.clone(), &cfg.write_paths)
+        .merge(crate::query::router(
+            live.clone(),
+            cfg.web.route_prefix.as_deref().unwrap_or(""),
+        ))
         .merge(crate::web::router(live, &crate::app::web_options(&cfg)?));
     crate::server::run(
         listener,

@@ -172,6 +172,14 @@ pub fn metrics_handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
+                    Matcher::Full(QUERY_DURATION.into()),
+                    &[
+                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                        120.0,
+                    ],
+                )
+                .expect("static bucket list is non-empty")
+                .set_buckets_for_metric(
                     Matcher::Full(BACKEND_DURATION.into()),
                     &[
                         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -396,6 +404,26 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Live taps (/debug/tap) by outcome: filled, timed_out, refused (one was already open).",
     ),
+    (
+        QUERY_REQUESTS,
+        Kind::Counter,
+        "Query API requests answered, by endpoint and whether the rules rewrote them (rewritten: true) or they passed through (false).",
+    ),
+    (
+        QUERY_DURATION,
+        Kind::Histogram,
+        "Query API requests from arrival to answer, upstream questions included, by endpoint.",
+    ),
+    (
+        QUERY_OLD_NAMES,
+        Kind::Counter,
+        "Query API requests that read the old name `from` (a name the rules rename or rescale): the dashboards still to migrate.",
+    ),
+    (
+        QUERY_FAILURES,
+        Kind::Counter,
+        "Query API requests answered without the upstream's answer, by reason: timeout, too_large, unavailable, busy (query.max_concurrent).",
+    ),
 ];
 
 pub const REQUESTS: &str = "promnorm_requests_total";
@@ -440,6 +468,10 @@ pub const TENANT_SAMPLES: &str = "promnorm_tenant_samples_total";
 pub const NATIVE_REBUCKETED: &str = "promnorm_native_histograms_rebucketed_total";
 pub const NATIVE_UNROLLED: &str = "promnorm_native_histograms_unrolled_total";
 pub const TAPS: &str = "promnorm_taps_total";
+pub const QUERY_REQUESTS: &str = "promnorm_query_requests_total";
+pub const QUERY_DURATION: &str = "promnorm_query_duration_seconds";
+pub const QUERY_OLD_NAMES: &str = "promnorm_query_old_name_requests_total";
+pub const QUERY_FAILURES: &str = "promnorm_query_failures_total";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -465,6 +497,23 @@ pub fn request_answered(code: u16) {
 }
 
 /// A request refused by the overload budget (`reason`: one of [`THROTTLE_REASONS`]).
+/// A query API request answered.
+pub fn query_answered(endpoint: &'static str, rewritten: bool, took: std::time::Duration) {
+    metrics::counter!(QUERY_REQUESTS, "endpoint" => endpoint, "rewritten" => if rewritten { "true" } else { "false" })
+        .increment(1);
+    metrics::histogram!(QUERY_DURATION, "endpoint" => endpoint).record(took.as_secs_f64());
+}
+
+/// A query read the old name `from` (bounded by the query module).
+pub fn query_old_name(from: &str) {
+    metrics::counter!(QUERY_OLD_NAMES, "from" => from.to_string()).increment(1);
+}
+
+/// A query answered without the upstream's answer.
+pub fn query_failed(reason: &'static str) {
+    metrics::counter!(QUERY_FAILURES, "reason" => reason).increment(1);
+}
+
 /// A live tap ended (`filled`, `timed_out`) or was refused (`refused`).
 pub fn tap_outcome(outcome: &'static str) {
     metrics::counter!(TAPS, "outcome" => outcome).increment(1);

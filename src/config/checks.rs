@@ -72,6 +72,88 @@ impl Config {
         Ok(())
     }
 
+    /// `query`: the upstream URL, the bounds, the headers and the secrets `serve` reads.
+    fn check_query(&self, q: &QueryConfig) -> Result<(), ConfigError> {
+        let url = parse_backend_url(&q.upstream).map_err(|source| {
+            let at = split_userinfo(&q.upstream)
+                .1
+                .map_or(q.upstream.as_str(), |u| u);
+            ConfigError::Url {
+                at: self.position("upstream", at),
+                source,
+            }
+        })?;
+        if url.uri.query().is_some() {
+            return Err(self.invalid_at(
+                "upstream",
+                &q.upstream,
+                "query.upstream is the root of a query API (e.g. http://prometheus:9090): no query string",
+            ));
+        }
+        if url.userinfo.is_some() && (q.basic_auth.is_some() || q.bearer_token.is_some()) {
+            return Err(self.invalid_at(
+                "upstream",
+                "",
+                "query: credentials both in the upstream URL and in basic_auth or bearer_token",
+            ));
+        }
+        if q.basic_auth.is_some() && q.bearer_token.is_some() {
+            return Err(self.invalid_at(
+                "bearer_token",
+                "",
+                "query: basic_auth and bearer_token both set; choose one",
+            ));
+        }
+        if q.timeout.is_zero() {
+            return Err(self.invalid_at("timeout", "0", "query.timeout must be positive"));
+        }
+        if !(1..=10_000).contains(&q.max_concurrent) {
+            return Err(self.invalid_at(
+                "max_concurrent",
+                &q.max_concurrent.to_string(),
+                "query.max_concurrent must be from 1 to 10000",
+            ));
+        }
+        if q.max_response_bytes.bytes() < 1024 {
+            return Err(self.invalid_at(
+                "max_response_bytes",
+                &q.max_response_bytes.to_string(),
+                "query.max_response_bytes must be at least 1KiB",
+            ));
+        }
+        for (k, v) in &q.headers {
+            if k.parse::<http::HeaderName>().is_err() || v.parse::<http::HeaderValue>().is_err() {
+                return Err(self.invalid_at(
+                    "headers",
+                    k,
+                    format!("query.headers: {k:?} is not a valid header"),
+                ));
+            }
+        }
+        let secrets = q
+            .bearer_token
+            .iter()
+            .chain(q.basic_auth.iter().map(|b| &b.password));
+        for secret in secrets {
+            if let Err(source) = secret.read() {
+                return Err(ConfigError::Secret {
+                    at: self.secret_position(secret),
+                    owner: "query".into(),
+                    source,
+                });
+            }
+        }
+        if let Some(ca) = &q.tls.ca_file
+            && let Err(e) = std::fs::read(ca)
+        {
+            return Err(ConfigError::Io {
+                file: ca.display().to_string(),
+                source: e,
+            });
+        }
+        Ok(())
+    }
+
     /// Reads what `serve` will read for a backend (credentials, CA file), so a
     /// configuration that check-config accepts, serve accepts; errors name the position.
     fn check_backend_files(&self, name: &str, b: &BackendConfig) -> Result<(), ConfigError> {
@@ -468,6 +550,9 @@ impl Config {
             self.check_tenancy("", t)?;
         }
         self.check_web()?;
+        if let Some(q) = &self.query {
+            self.check_query(q)?;
+        }
         let mut names = std::collections::BTreeSet::new();
         let mut queue_dirs = std::collections::BTreeSet::new();
         for (i, b) in self.backends.iter().enumerate() {

@@ -45,6 +45,10 @@ pub struct Config {
     pub tenancy: Option<TenancyConfig>,
     /// The web UI and its dry-run APIs (docs/ui.md).
     pub web: WebConfig,
+    /// The Prometheus query API that answers queries written against the old names and
+    /// units from the normalised data and the history under the old names (docs/query.md).
+    /// Omitted: no query API.
+    pub query: Option<QueryConfig>,
     /// Where this configuration was read from, for error positions.
     #[serde(skip)]
     pub source: Option<ConfigSource>,
@@ -81,9 +85,62 @@ impl Default for Config {
             derived: DerivedConfig::default(),
             tenancy: None,
             web: WebConfig::default(),
+            query: None,
             source: None,
         }
     }
+}
+
+/// `query`: the Prometheus HTTP query API on promnorm's listener (docs/query.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryConfig {
+    /// Root of the backend's Prometheus-compatible query API: `http://prometheus:9090`,
+    /// `http://mimir:8080/prometheus`, `http://victoria-metrics:8428`,
+    /// `http://thanos-query:10902` (`/api/v1/query` and the rest are appended).
+    pub upstream: String,
+    /// One question to the upstream, from connect to the last byte of its answer.
+    #[serde(
+        default = "default_query_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "se_duration"
+    )]
+    pub timeout: Duration,
+    /// An upstream answer larger than this is not read: the caller gets `422`
+    /// (`errorType: execution`).
+    #[serde(default = "default_query_max_response_bytes")]
+    pub max_response_bytes: ByteSize,
+    /// Queries answered at once; more wait for a slot (up to `timeout`, then `503`).
+    #[serde(default = "default_query_max_concurrent")]
+    pub max_concurrent: usize,
+    /// Also ask the upstream for the data stored under the old names (history from
+    /// before promnorm, or from `keep_original`) and merge it with the new names' data.
+    #[serde(default = "default_true")]
+    pub merge_old_names: bool,
+    /// Extra headers on every upstream request (they replace the caller's of that name).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Basic auth to the upstream (replaces the caller's `Authorization`).
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuth>,
+    /// Bearer token to the upstream (replaces the caller's `Authorization`).
+    #[serde(default)]
+    pub bearer_token: Option<Secret>,
+    /// TLS to an `https://` upstream.
+    #[serde(default)]
+    pub tls: TlsConfig,
+}
+
+fn default_query_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_query_max_response_bytes() -> ByteSize {
+    ByteSize(16 << 20)
+}
+
+fn default_query_max_concurrent() -> usize {
+    16
 }
 
 /// The web UI (docs/ui.md). Restart-only: a reload keeps the running values.
@@ -822,4 +879,8 @@ fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, 
         }
     }
     d.deserialize_option(OptVisitor)
+}
+
+fn default_true() -> bool {
+    true
 }

@@ -339,6 +339,7 @@ fn unchanged(q: &str) -> Rewritten {
         le_factor: None,
         label_renames: Vec::new(),
         old_references: Vec::new(),
+        selectors: Vec::new(),
     }
 }
 

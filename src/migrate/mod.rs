@@ -12,7 +12,7 @@ pub mod promql;
 pub mod rules_file;
 pub mod template;
 
-pub use promql::{Finding, QueryRewriter, Reason, Rewritten};
+pub use promql::{Finding, QueryRewriter, Reason, Rewritten, SelectorChange};
 
 use crate::mapping::number::Factor;
 

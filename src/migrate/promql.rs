@@ -137,6 +137,27 @@ pub struct Rewritten {
     pub label_renames: Vec<(String, String)>,
     /// Old metric names and labels the query referenced (what `--check` lists).
     pub old_references: Vec<String>,
+    /// Every selector the rules change, as the query API needs it to give a new-side
+    /// answer back in the query's own terms (names, labels, values and `le` of the old
+    /// series).
+    pub selectors: Vec<SelectorChange>,
+}
+
+/// One selector the rules rewrite: what a series it selects was called and is called now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SelectorChange {
+    /// The metric name the query wrote.
+    pub from: String,
+    /// The name the rules give those series (`from` when only labels or units change).
+    pub to: String,
+    /// `new = old × factor` for the series' values.
+    pub factor: Factor,
+    /// `new = old × le` for the bucket bounds (`ONE` when they do not change).
+    pub le: Factor,
+    /// Labels the rules rename on these series (old → new).
+    pub label_renames: Vec<(String, String)>,
+    /// Label values the rules map on these series (label, old value, new value).
+    pub value_maps: Vec<(String, String, String)>,
 }
 
 impl Rewritten {
@@ -279,6 +300,7 @@ impl<'r> QueryRewriter<'r> {
             le_factor: None,
             label_renames: Vec::new(),
             old_references: Vec::new(),
+            selectors: Vec::new(),
         };
         let templ = super::template::Template::mask(query);
         let mut expr = match promql_parser::parser::parse(templ.masked()) {
@@ -297,6 +319,7 @@ impl<'r> QueryRewriter<'r> {
             changed: false,
             old: Vec::new(),
             renames: Vec::new(),
+            selectors: Vec::new(),
         };
         let val = walk.expr(&mut expr);
         let mut value_factor = None;
@@ -338,6 +361,7 @@ impl<'r> QueryRewriter<'r> {
             le_factor,
             label_renames: walk.renames,
             old_references: walk.old,
+            selectors: walk.selectors,
         }
     }
 }
@@ -349,6 +373,7 @@ struct Walk<'r> {
     changed: bool,
     old: Vec<String>,
     renames: Vec<(String, String)>,
+    selectors: Vec<SelectorChange>,
 }
 
 impl Walk<'_> {
@@ -549,15 +574,39 @@ impl Walk<'_> {
         if !sim.le.is_one() {
             val.le = Some(sim.le);
         }
+        let mut value_maps = Vec::new();
         for step in &plan.steps {
-            if let Action::RenameLabel { from, to } = &step.action
-                && !matches!(sel.decides(&step.when), Decided::No)
-            {
-                let r = (from.to_string(), to.to_string());
-                if !val.renames.contains(&r) {
-                    val.renames.push(r);
-                }
+            if matches!(sel.decides(&step.when), Decided::No) {
+                continue;
             }
+            match &step.action {
+                Action::RenameLabel { from, to } => {
+                    let r = (from.to_string(), to.to_string());
+                    if !val.renames.contains(&r) {
+                        val.renames.push(r);
+                    }
+                }
+                Action::MapLabelValue { label, from, to } => {
+                    value_maps.push((label.to_string(), from.to_string(), to.to_string()));
+                }
+                _ => {}
+            }
+        }
+        let change = SelectorChange {
+            from: name.clone(),
+            to: sim.name.clone(),
+            factor: sim.factor,
+            le: sim.le,
+            label_renames: val.renames.clone(),
+            value_maps,
+        };
+        let touches = change.from != change.to
+            || !change.factor.is_one()
+            || !change.le.is_one()
+            || !change.label_renames.is_empty()
+            || !change.value_maps.is_empty();
+        if touches && !self.selectors.contains(&change) {
+            self.selectors.push(change);
         }
         if plan.native_only && sim.name != name {
             self.note(

@@ -58,6 +58,8 @@ pub struct AppState {
     /// The effective configuration as `check-config --print` writes it, secrets
     /// redacted (the web UI's status page).
     pub config_text: String,
+    /// The query API (`query.upstream`), when configured (docs/query.md).
+    pub query: Option<Arc<crate::query::QueryApi>>,
 }
 
 /// The server's own settings (the rest of the state is built parts).
@@ -102,6 +104,7 @@ impl AppState {
             tls: opts.tls,
             throttle_status: opts.throttle_status,
             config_text: opts.config_text,
+            query: None,
         }
     }
 }
@@ -236,6 +239,7 @@ async fn renames(State(live): State<Arc<Live>>) -> impl IntoResponse {
         .snapshot()
         .into_iter()
         .map(|r| {
+            let queried = st.query.as_ref().and_then(|q| q.usage().of(&r.from));
             let pack = rules
                 .packs()
                 .get(r.pack as usize)
@@ -248,6 +252,8 @@ async fn renames(State(live): State<Arc<Live>>) -> impl IntoResponse {
                 "rule": r.rule,
                 "samples": r.samples,
                 "last_seen": r.last_seen,
+                "queries": queried.map_or(0, |q| q.0),
+                "last_queried": queried.map(|q| q.1),
             })
         })
         .collect();
