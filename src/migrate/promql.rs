@@ -349,6 +349,7 @@ impl<'r> QueryRewriter<'r> {
             return Rewritten {
                 le_factor,
                 old_references: walk.old,
+                selectors: walk.selectors,
                 ..unchanged(walk.findings)
             };
         }

@@ -12,6 +12,9 @@
 //! Nothing here is on the ingest path; the handlers read the state a reload swaps
 //! (`Live::current()`), so a reload changes the rules queries are translated with.
 
+// The handlers' errors are the responses themselves, made once per request.
+#![allow(clippy::result_large_err)]
+
 pub mod form;
 pub mod translate;
 pub mod upstream;
@@ -482,15 +485,32 @@ async fn run_query(call: Call, path: &str) -> Response {
         Ok(t) => t,
         Err(r) => return call.done(false, r),
     };
-    if !t.translates() {
+    if !t.translates() && t.warnings.is_empty() {
         return pass_through(&call, Method::POST, path).await;
     }
     call.api.usage.record(&t, call.endpoint);
+    if !t.translates() {
+        // Not rewritten, but something in it needs a human: the answer as it came, with
+        // what the engine said in its warnings.
+        let resp = match call.ask(Method::POST, path, &call.params).await {
+            Err(e) => upstream_error(&e),
+            Ok(a) => match success(a) {
+                Err(r) => r,
+                Ok(mut doc) => {
+                    let warnings = notes(&t.warnings, &[&doc], "warnings");
+                    let infos = notes(&[], &[&doc], "infos");
+                    answer(doc["data"].take(), warnings, infos)
+                }
+            },
+        };
+        return call.done(false, resp);
+    }
     let new_params = form::with(&call.params, "query", std::slice::from_ref(&t.rewritten));
+    let old_params = form::with(&call.params, "query", std::slice::from_ref(&t.old_query));
     let ask_old = call.api.merge_old_names && t.text_changed();
     let (new, old) = tokio::join!(call.ask(Method::POST, path, &new_params), async {
         if ask_old {
-            Some(call.ask(Method::POST, path, &call.params).await)
+            Some(call.ask(Method::POST, path, &old_params).await)
         } else {
             None
         }
@@ -545,7 +565,7 @@ fn both_matches(call: &Call, ts: &[Translation]) -> Vec<String> {
             out.push(t.rewritten.clone());
         }
         if call.api.merge_old_names || !t.text_changed() {
-            out.push(t.original.clone());
+            out.push(t.old_query.clone());
         }
     }
     out.dedup();
@@ -676,9 +696,15 @@ async fn label_values(
     for t in ts.iter().filter(|t| t.translates()) {
         call.api.usage.record(t, call.endpoint);
     }
+    let old_params = if ts.is_empty() {
+        call.params.clone()
+    } else {
+        let olds: Vec<String> = ts.iter().map(|t| t.old_query.clone()).collect();
+        form::with(&call.params, "match[]", &olds)
+    };
     let new_path = label_path(&new_label);
     let ask_old = call.api.merge_old_names || new_path == old_path;
-    let ask_new = new_path != old_path || new_params != call.params;
+    let ask_new = new_path != old_path || new_params != old_params;
     let (new, old) = tokio::join!(
         async {
             if ask_new {
@@ -689,7 +715,7 @@ async fn label_values(
         },
         async {
             if ask_old {
-                Some(call.ask(Method::GET, &old_path, &call.params).await)
+                Some(call.ask(Method::GET, &old_path, &old_params).await)
             } else {
                 None
             }
@@ -772,10 +798,11 @@ async fn exemplars(
     }
     call.api.usage.record(&t, call.endpoint);
     let new_params = form::with(&call.params, "query", std::slice::from_ref(&t.rewritten));
+    let old_params = form::with(&call.params, "query", std::slice::from_ref(&t.old_query));
     let ask_old = call.api.merge_old_names && t.text_changed();
     let (new, old) = tokio::join!(call.ask(Method::POST, PATH, &new_params), async {
         if ask_old {
-            Some(call.ask(Method::POST, PATH, &call.params).await)
+            Some(call.ask(Method::POST, PATH, &old_params).await)
         } else {
             None
         }

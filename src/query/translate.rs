@@ -10,7 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use promql_parser::parser::{Expr, token};
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::{Expr, VectorSelector, token};
 use serde_json::{Map, Value};
 
 use crate::explain::rescale_le;
@@ -25,6 +26,11 @@ pub struct Translation {
     pub original: String,
     /// The text for the normalised data (the original when nothing changed).
     pub rewritten: String,
+    /// The text for the history under the old names: the original, but where the rules
+    /// keep a name and rename a label, its selectors take only the series without the
+    /// new label (the rewritten text takes only those with it), so that no series is
+    /// read by both questions.
+    pub old_query: String,
     /// Every selector the rules change (empty: the query passes through untouched).
     pub selectors: Vec<SelectorChange>,
     /// Labels renamed anywhere in the query (old → new).
@@ -49,10 +55,10 @@ impl Translation {
         !self.selectors.is_empty()
     }
 
-    /// True when the rewritten text differs, so that the old names' history needs a
+    /// True when the two questions differ, so that the old names' history needs a
     /// question of its own.
     pub fn text_changed(&self) -> bool {
-        self.rewritten != self.original
+        self.rewritten != self.old_query
     }
 
     /// The old names the query reads that the rules rename or rescale.
@@ -71,10 +77,14 @@ impl Translation {
     }
 }
 
-/// Translates one PromQL query with `rules`.
+/// Translates one PromQL query with `rules`: its values come back in the old unit.
 pub fn translate(rules: &Rules, query: &str) -> Result<Translation, BadQuery> {
+    translate_with(rules, query, true)
+}
+
+fn translate_with(rules: &Rules, query: &str, keep_values: bool) -> Result<Translation, BadQuery> {
     let parsed = promql_parser::parser::parse(query).map_err(|e| BadQuery(e.trim().to_string()))?;
-    let r = QueryRewriter::new(rules, true).rewrite(query);
+    let r = QueryRewriter::new(rules, keep_values).rewrite(query);
     let mut label_renames = r.label_renames.clone();
     for s in &r.selectors {
         for pair in &s.label_renames {
@@ -90,9 +100,43 @@ pub fn translate(rules: &Rules, query: &str) -> Result<Translation, BadQuery> {
         .map(|f| format!("promnorm: {}: {}", f.reason.name(), f.detail))
         .collect();
     let result_name = kept_name(&parsed).filter(|n| r.selectors.iter().any(|s| s.from == *n));
+    // Names the rules keep while renaming a label: both questions select them, so each
+    // takes its side by the new label's presence.
+    let parted: Vec<(&str, &str)> = r
+        .selectors
+        .iter()
+        .filter(|s| s.from == s.to)
+        .filter_map(|s| {
+            s.label_renames
+                .first()
+                .map(|(_, n)| (s.from.as_str(), n.as_str()))
+        })
+        .collect();
+    let (old_query, rewritten) = if parted.is_empty() {
+        (query.to_string(), r.query.clone())
+    } else {
+        let side = |text: &str, op: fn() -> MatchOp| -> Option<String> {
+            let mut e = promql_parser::parser::parse(text).ok()?;
+            for_each_selector(&mut e, &mut |vs| {
+                let name = selector_name(vs);
+                if let Some((_, label)) = parted.iter().find(|(n, _)| Some(*n) == name.as_deref()) {
+                    vs.matchers.matchers.push(Matcher::new(op(), label, ""));
+                }
+            });
+            Some(e.to_string())
+        };
+        match (
+            side(query, || MatchOp::Equal),
+            side(&r.query, || MatchOp::NotEqual),
+        ) {
+            (Some(o), Some(n)) => (o, n),
+            _ => (query.to_string(), r.query.clone()),
+        }
+    };
     Ok(Translation {
         original: query.to_string(),
-        rewritten: r.query,
+        old_query,
+        rewritten,
         selectors: r.selectors,
         label_renames,
         le_factor: r.le_factor,
@@ -101,10 +145,53 @@ pub fn translate(rules: &Rules, query: &str) -> Result<Translation, BadQuery> {
     })
 }
 
-/// A selector (`match[]` of the series and label APIs): only names, labels and values.
+/// A selector (`match[]` of the series and label APIs): only names, labels and label
+/// values change (no values are read, so none are restored: the text stays a selector).
 pub fn translate_selector(rules: &Rules, selector: &str) -> Result<Translation, BadQuery> {
-    let t = translate(rules, selector)?;
-    Ok(t)
+    let parsed =
+        promql_parser::parser::parse(selector).map_err(|e| BadQuery(e.trim().to_string()))?;
+    if !matches!(parsed, Expr::VectorSelector(_)) {
+        return Err(BadQuery(format!("{selector:?} is not a series selector")));
+    }
+    translate_with(rules, selector, false)
+}
+
+/// A selector's metric name: its own, or an equality `__name__` matcher's.
+fn selector_name(vs: &VectorSelector) -> Option<String> {
+    vs.name.clone().or_else(|| {
+        vs.matchers
+            .matchers
+            .iter()
+            .find(|m| m.name == "__name__" && matches!(m.op, MatchOp::Equal))
+            .map(|m| m.value.clone())
+    })
+}
+
+/// Calls `f` on every vector selector of `e` (those of range selectors included).
+fn for_each_selector(e: &mut Expr, f: &mut dyn FnMut(&mut VectorSelector)) {
+    match e {
+        Expr::VectorSelector(vs) => f(vs),
+        Expr::MatrixSelector(ms) => f(&mut ms.vs),
+        Expr::Paren(p) => for_each_selector(&mut p.expr, f),
+        Expr::Unary(u) => for_each_selector(&mut u.expr, f),
+        Expr::Subquery(s) => for_each_selector(&mut s.expr, f),
+        Expr::Aggregate(a) => {
+            if let Some(p) = a.param.as_deref_mut() {
+                for_each_selector(p, f);
+            }
+            for_each_selector(&mut a.expr, f);
+        }
+        Expr::Binary(b) => {
+            for_each_selector(&mut b.lhs, f);
+            for_each_selector(&mut b.rhs, f);
+        }
+        Expr::Call(c) => {
+            for a in c.args.args.iter_mut() {
+                for_each_selector(a, f);
+            }
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
 }
 
 /// The metric name the query's result series carry, as Prometheus keeps it: a vector
@@ -112,16 +199,8 @@ pub fn translate_selector(rules: &Rules, selector: &str) -> Result<Translation, 
 /// functions that keep it.
 fn kept_name(e: &Expr) -> Option<String> {
     match e {
-        Expr::VectorSelector(vs) => vs.name.clone().or_else(|| {
-            vs.matchers
-                .matchers
-                .iter()
-                .find(|m| {
-                    m.name == "__name__" && matches!(m.op, promql_parser::label::MatchOp::Equal)
-                })
-                .map(|m| m.value.clone())
-        }),
-        Expr::MatrixSelector(ms) => kept_name(&Expr::VectorSelector(ms.vs.clone())),
+        Expr::VectorSelector(vs) => selector_name(vs),
+        Expr::MatrixSelector(ms) => selector_name(&ms.vs),
         Expr::Paren(p) => kept_name(&p.expr),
         Expr::Subquery(s) => kept_name(&s.expr),
         Expr::Aggregate(a) => {
@@ -135,9 +214,8 @@ fn kept_name(e: &Expr) -> Option<String> {
         Expr::Binary(b) => {
             let op = b.op.id();
             let returns_bool = b.modifier.as_ref().is_some_and(|m| m.return_bool);
-            if op == token::T_LAND || op == token::T_LUNLESS {
-                kept_name(&b.lhs)
-            } else if b.op.is_comparison_operator() && !returns_bool {
+            let filter = b.op.is_comparison_operator() && !returns_bool;
+            if op == token::T_LAND || op == token::T_LUNLESS || filter {
                 kept_name(&b.lhs)
             } else {
                 None
@@ -225,18 +303,14 @@ pub fn restore_labels(t: &Translation, labels: &mut Map<String, Value>, style: L
         labels.insert("__name__".into(), Value::String(n.clone()));
         changed = true;
     }
-    let (renames, maps, le): (
-        &[(String, String)],
-        Vec<&(String, String, String)>,
-        Option<Factor>,
-    ) = match sel {
+    let (renames, maps, le) = match sel {
         Some(s) => (
-            &s.label_renames,
-            s.value_maps.iter().collect(),
+            s.label_renames.as_slice(),
+            s.value_maps.iter().collect::<Vec<_>>(),
             Some(s.le).filter(|f| !f.is_one()),
         ),
         None => (
-            &t.label_renames,
+            t.label_renames.as_slice(),
             t.selectors
                 .iter()
                 .flat_map(|s| s.value_maps.iter())

@@ -53,7 +53,7 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn default_rules() -> Rules {
+pub(crate) fn default_rules() -> Rules {
     Config::parse("", "default")
         .expect("the default configuration parses")
         .compile_rules()
@@ -62,7 +62,7 @@ fn default_rules() -> Rules {
 
 /// Input names the exact rules know and the queries to try for each: the names a query
 /// of which the rewriter changes.
-fn renamed_inputs(rules: &Rules) -> Vec<String> {
+pub(crate) fn renamed_inputs(rules: &Rules) -> Vec<String> {
     let rw = QueryRewriter::new(rules, false);
     let mut names: Vec<String> = rules
         .known_names()
@@ -134,7 +134,7 @@ fn labels_of(name: &str, instance: &str) -> Vec<(String, String)> {
 }
 
 /// One scrape of every input name, at `ts`: counters grow, histograms fill, gauges move.
-fn scrape(names: &[String], i: i64, ts: i64) -> pb::WriteRequest {
+pub(crate) fn scrape(names: &[String], i: i64, ts: i64) -> pb::WriteRequest {
     let mut req = pb::WriteRequest::default();
     let fi = i as f64;
     for (k, inst) in ["a", "b"].iter().enumerate() {
@@ -192,7 +192,7 @@ fn scrape(names: &[String], i: i64, ts: i64) -> pb::WriteRequest {
 }
 
 /// The hand-written corpus: the shapes of the engines' published dashboards and alerts.
-const CORPUS: &[&str] = &[
+pub(crate) const CORPUS: &[&str] = &[
     // vLLM
     "histogram_quantile(0.99, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket[2m])))",
     "histogram_quantile(0.9, sum by (le, model_name) (rate(vllm:model_forward_time_milliseconds_bucket[2m])))",
@@ -237,7 +237,7 @@ const CORPUS: &[&str] = &[
 ];
 
 /// Queries for one input name, by what it holds.
-fn generated(name: &str) -> Vec<String> {
+pub(crate) fn generated(name: &str) -> Vec<String> {
     if name.ends_with("_bucket") {
         vec![
             format!("histogram_quantile(0.9, sum by (le) (rate({name}[2m])))"),
@@ -287,7 +287,7 @@ async fn instant(base: &str, query: &str, time: f64) -> Result<Vector, String> {
     Ok(out)
 }
 
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -334,7 +334,7 @@ fn as_migrated(rules: &Rules, v: &Vector, le: Option<Factor>) -> Vector {
 
 /// Relative [`TOLERANCE`], with a floor of 1 for results near zero (a difference of two
 /// equal values may come out as 1e-14 after a unit change).
-fn close(a: f64, b: f64) -> bool {
+pub(crate) fn close(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan())
         || a == b
         || (a - b).abs() <= TOLERANCE * a.abs().max(b.abs()).max(1.0)
