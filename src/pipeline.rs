@@ -292,6 +292,11 @@ impl Pipeline {
         &self.rules
     }
 
+    /// The rules, shared (the query API holds them for one request).
+    pub fn rules_arc(&self) -> Arc<Rules> {
+        self.rules.clone()
+    }
+
     /// The rules, shared: a dry run (the web UI) builds its own pipeline on them.
     pub fn shared_rules(&self) -> &Arc<Rules> {
         &self.rules

@@ -115,7 +115,7 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
     let app = crate::server::router_live(live.clone(), &cfg.write_paths)
         .merge(crate::query::router(
-            live.clone(),
+            live.clone() as Arc<dyn crate::query::Source>,
             cfg.web.route_prefix.as_deref().unwrap_or(""),
         ))
         .merge(crate::web::router(live, &crate::app::web_options(&cfg)?));

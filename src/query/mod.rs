@@ -33,7 +33,6 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::mapping::Rules;
-use crate::server::Live;
 use crate::telemetry;
 use translate::Translation;
 use upstream::{Answer, Upstream, UpstreamError, UpstreamOptions};
@@ -164,6 +163,22 @@ impl QueryApi {
     }
 }
 
+/// What one request reads of the running state, as a reload leaves it: the server
+/// implements this, so that this module does not reach back into it.
+pub struct Snapshot {
+    pub api: Option<Arc<QueryApi>>,
+    pub rules: Arc<Rules>,
+    /// `ingest_auth`'s token: it protects the query paths too.
+    pub ingest_token: Option<String>,
+}
+
+/// The running state the handlers read, once per request.
+pub trait Source: Send + Sync + 'static {
+    fn snapshot(&self) -> Snapshot;
+}
+
+type Live = dyn Source;
+
 /// The query API's routes under `prefix` (`web.route_prefix`), merged beside the
 /// server's. They answer `404` while the configuration has no `query`.
 pub fn router(live: Arc<Live>, prefix: &str) -> Router {
@@ -291,7 +306,8 @@ fn notes(own: &[String], docs: &[&Value], field: &str) -> Vec<String> {
 
 /// One request to the API: the state it loaded, its parameters and headers.
 struct Call {
-    st: Arc<crate::server::AppState>,
+    rules: Arc<Rules>,
+    ingest_token: Option<String>,
     api: Arc<QueryApi>,
     params: Vec<(String, String)>,
     headers: HeaderMap,
@@ -302,7 +318,7 @@ struct Call {
 
 impl Call {
     fn rules(&self) -> &Rules {
-        self.st.pipeline.rules()
+        &self.rules
     }
 
     async fn ask(
@@ -311,7 +327,7 @@ impl Call {
         path: &str,
         params: &[(String, String)],
     ) -> Result<Answer, UpstreamError> {
-        let drop_auth = self.st.ingest_token.is_some();
+        let drop_auth = self.ingest_token.is_some();
         self.api
             .upstream
             .ask(method, path, params, &self.headers, drop_auth)
@@ -335,8 +351,8 @@ async fn admit(
     endpoint: &'static str,
 ) -> Result<Call, Response> {
     let started = Instant::now();
-    let st = live.current();
-    let Some(api) = st.query.clone() else {
+    let st = live.snapshot();
+    let Some(api) = st.api.clone() else {
         return Err(api_error(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -394,7 +410,8 @@ async fn admit(
         }
     };
     Ok(Call {
-        st,
+        rules: st.rules,
+        ingest_token: st.ingest_token,
         api,
         params,
         headers,
@@ -411,7 +428,7 @@ fn label_path(name: &str) -> String {
 
 macro_rules! admit_or_return {
     ($live:expr, $method:expr, $headers:expr, $uri:expr, $body:expr, $endpoint:expr) => {
-        match admit(&$live, &$method, $headers, $uri.query(), $body, $endpoint).await {
+        match admit(&*$live, &$method, $headers, $uri.query(), $body, $endpoint).await {
             Ok(c) => c,
             Err(r) => {
                 telemetry::query_answered($endpoint, false, Duration::ZERO);

@@ -66,6 +66,17 @@ impl Live {
     }
 }
 
+impl crate::query::Source for Live {
+    fn snapshot(&self) -> crate::query::Snapshot {
+        let st = self.current();
+        crate::query::Snapshot {
+            api: st.query.clone(),
+            rules: st.pipeline.rules_arc(),
+            ingest_token: st.ingest_token.clone(),
+        }
+    }
+}
+
 fn text(status: StatusCode, line: &str) -> Response {
     (
         status,
