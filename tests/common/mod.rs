@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use promnorm::config::Config;
-use promnorm::server::{router, run};
+use promnorm::server::{Live, router_live, run};
 use promnorm::wire::proto::prometheus as pb;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -185,7 +185,12 @@ pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
     let (tx, rx) = oneshot::channel::<()>();
     state.start_queues().expect("queues open");
     let background = state.spawn_background();
-    let app = router(state.clone(), &cfg.write_paths);
+    // The routes serve merges: the server's, and the query API's (docs/query.md).
+    let live = Arc::new(Live::new(state.clone()));
+    let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::query::router(
+        live as Arc<dyn promnorm::query::Source>,
+        "",
+    ));
     let done = tokio::spawn(async move {
         let r = run(
             listener,

@@ -20,6 +20,7 @@ mod native_histograms;
 mod otel_names;
 mod overload;
 mod proxy;
+mod query;
 mod queue;
 mod reload;
 mod rules;
