@@ -15,7 +15,7 @@
 # goal's measurement: an idle-priority busy loop (`chrt --idle 0`) runs on the SUT's core
 # (SUT_CPU, 1) all through, so that its vCPU never halts between requests (on a VM guest
 # without halt polling, a halted vCPU's next request runs slower, BENCHMARKS.md,
-# eighteenth pass); it runs only when the SUT does not want the core. Recorded as
+# "Latency at a fixed offered load"); it runs only when the SUT does not want the core. Recorded as
 # "idle_spinner" in every line. HALT_POLL_NS=N (root, a KVM guest whose cpuidle driver is
 # `haltpoll`): sets /sys/module/haltpoll/parameters/guest_halt_poll_ns to N for the run
 # (Linux's default is 200000; some hosts boot their guests with 0) and puts the old value
