@@ -13,6 +13,7 @@ mod config_cli;
 mod config_docs;
 mod deploy_assets;
 mod derived;
+mod doc_links;
 mod fleet;
 mod genai_spec;
 mod golden;
