@@ -121,6 +121,20 @@ impl QueryUsage {
             .copied()
     }
 
+    /// Every old name queried since start, most queried first: (name, queries, last
+    /// queried in Unix seconds).
+    pub fn names(&self) -> Vec<(String, u64, f64)> {
+        let mut v: Vec<_> = self
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, &(n, t))| (k.clone(), n, t))
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
     /// The recent translated queries, newest first.
     pub fn recent(&self) -> Vec<RecentQuery> {
         self.recent

@@ -88,6 +88,7 @@ pub fn router(live: Arc<Live>, opts: &WebOptions) -> Router {
         .route(&format!("{p}/"), get(pages::status))
         .route(&format!("{p}/rules"), get(pages::rules))
         .route(&format!("{p}/explain"), get(pages::explain))
+        .route(&format!("{p}/queries"), get(pages::queries))
         .route(
             &format!("{p}/debug/normalize"),
             get(pages::normalize_form).post(pages::normalize_post),

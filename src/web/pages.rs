@@ -56,7 +56,7 @@ pub(super) fn page(
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
          <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a><a href=\"{base}debug/tap\">Tap</a>\
-         <a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
+         <a href=\"{base}queries\">Queries</a><a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
     (
@@ -577,6 +577,74 @@ fn multipart_fields(body: &[u8], boundary: &str) -> Vec<(String, Vec<u8>)> {
         at = next;
     }
     out
+}
+
+/// `GET /queries`: the query API's recent translated queries beside their originals
+/// (docs/query.md), and the old names queries still read.
+pub(super) async fn queries(State(ui): State<Arc<Ui>>) -> Response {
+    let st = ui.live.current();
+    let Some(api) = st.query.as_ref() else {
+        return page(
+            StatusCode::OK,
+            "Queries",
+            "./",
+            &ui.root,
+            "<p>The query API is off: set <code>query.upstream</code> in the configuration \
+             to serve old dashboards from normalised data.</p>\n",
+        );
+    };
+    let now = SystemTime::now();
+    let mut b = format!(
+        "<p>Upstream <code>{}</code>. Queries are answered in their own terms; these are the \
+         last ones the rules rewrote or warned about, newest first.</p>\n",
+        esc(api.upstream())
+    );
+    let recent = api.usage().recent();
+    if recent.is_empty() {
+        b.push_str("<p>No query has been rewritten since start.</p>\n");
+    } else {
+        b.push_str(
+            "<table><tr><th>When</th><th>Endpoint</th><th>Original</th><th>Asked upstream</th>\
+             <th>Warnings</th></tr>",
+        );
+        for q in &recent {
+            let when = now.duration_since(q.at).unwrap_or_default();
+            let _ = write!(
+                b,
+                "<tr><td>{} ago</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td>{}</td></tr>",
+                ago(when),
+                esc(q.endpoint),
+                esc(&q.original),
+                esc(&q.rewritten),
+                q.warnings
+                    .iter()
+                    .map(|w| esc(w))
+                    .collect::<Vec<_>>()
+                    .join("<br>"),
+            );
+        }
+        b.push_str("</table>\n");
+    }
+    let names = api.usage().names();
+    if !names.is_empty() {
+        b.push_str(
+            "<h2>Old names still queried</h2>\n<table><tr><th>Old name</th><th>Queries since start</th>\
+             <th>Last queried</th></tr>",
+        );
+        let unix = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for (name, count, last) in names {
+            let _ = write!(
+                b,
+                "<tr><td><code>{}</code></td><td>{count}</td><td>{} ago</td></tr>",
+                esc(&name),
+                ago(Duration::from_secs_f64((unix - last).max(0.0))),
+            );
+        }
+        b.push_str("</table>\n");
+    }
+    page(StatusCode::OK, "Queries", "./", &ui.root, &b)
 }
 
 #[cfg(test)]

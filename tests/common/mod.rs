@@ -185,12 +185,17 @@ pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
     let (tx, rx) = oneshot::channel::<()>();
     state.start_queues().expect("queues open");
     let background = state.spawn_background();
-    // The routes serve merges: the server's, and the query API's (docs/query.md).
+    // The routes serve merges: the server's, the query API's (docs/query.md), the UI's.
     let live = Arc::new(Live::new(state.clone()));
-    let app = router_live(live.clone(), &cfg.write_paths).merge(promnorm::query::router(
-        live as Arc<dyn promnorm::query::Source>,
-        "",
-    ));
+    let app = router_live(live.clone(), &cfg.write_paths)
+        .merge(promnorm::query::router(
+            live.clone() as Arc<dyn promnorm::query::Source>,
+            "",
+        ))
+        .merge(promnorm::web::router(
+            live,
+            &promnorm::web::WebOptions::default(),
+        ));
     let done = tokio::spawn(async move {
         let r = run(
             listener,

@@ -177,6 +177,16 @@ async fn an_old_query_asks_both_names_and_answers_in_the_old_terms() {
         .unwrap();
     assert_eq!(e["queries"], 1);
     assert!(e["last_queried"].as_f64().is_some(), "{e}");
+    // The web UI lists the query beside what was asked upstream.
+    let page = get(&format!("http://{}/queries", p.addr)).await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("<code>DCGM_FI_DEV_FB_USED</code>")
+            && page.body.contains("DCGM_FI_DEV_FB_USED_bytes")
+            && page.body.contains("query_range"),
+        "{}",
+        page.body
+    );
     p.shut_down().await;
 }
 
@@ -358,6 +368,8 @@ async fn without_query_the_paths_answer_404() {
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     let doc: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert!(doc["error"].as_str().unwrap().contains("query.upstream"));
+    let page = get(&format!("http://{}/queries", p.addr)).await;
+    assert!(page.body.contains("The query API is off"), "{}", page.body);
     p.shut_down().await;
 }
 

@@ -343,7 +343,7 @@ async fn pages_render_the_running_configuration_with_relative_links() {
     assert!(b.contains("memory (accepting)"), "{b}");
     assert!(b.contains("href=\"metrics\""), "{b}");
     // Every link and form is relative: the pages work behind a path prefix.
-    for page in ["/", "/rules", "/explain", "/debug/normalize"] {
+    for page in ["/", "/rules", "/explain", "/debug/normalize", "/queries"] {
         let r = get(&format!("{base}{page}")).await;
         assert_eq!(r.status, 200, "{page}");
         for attr in ["href=\"/", "action=\"/", "src=\"/"] {
