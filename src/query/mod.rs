@@ -797,9 +797,19 @@ async fn metadata(
     };
     // The old view: the old family's own metadata where the history has it (its HELP
     // and unit are the old ones), else the new family's.
+    // The new family's unit is not the old name's (its values come back in the old
+    // unit), so a borrowed entry says none.
     let entries = match &old_doc["data"][&metric] {
         Value::Array(a) if !a.is_empty() => Value::Array(a.clone()),
-        _ => new_doc["data"][&to].clone(),
+        _ => {
+            let mut borrowed = new_doc["data"][&to].clone();
+            for e in borrowed.as_array_mut().into_iter().flatten() {
+                if let Some(unit) = e.get_mut("unit") {
+                    *unit = Value::String(String::new());
+                }
+            }
+            borrowed
+        }
     };
     let mut data = serde_json::Map::new();
     if !entries.is_null() {

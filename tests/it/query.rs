@@ -406,3 +406,70 @@ async fn label_values_of_an_old_label_read_the_new_label_too() {
     );
     p.shut_down().await;
 }
+
+#[tokio::test]
+async fn metadata_of_an_old_name_is_the_histories_or_else_the_new_familys() {
+    // The old family has metadata only while `old` says so; the new one always.
+    let old_known = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = old_known.clone();
+    let (up, asked) = upstream(
+        Arc::new(move |a: &Asked| {
+            let metric = promnorm::query::form::get(&a.form, "metric").unwrap_or_default();
+            let body = match metric {
+                "DCGM_FI_DEV_FB_USED_bytes" => {
+                    r#"{"status":"success","data":{"DCGM_FI_DEV_FB_USED_bytes":[{"type":"gauge","help":"new help","unit":"bytes"}]}}"#
+                }
+                "DCGM_FI_DEV_FB_USED" if flag.load(std::sync::atomic::Ordering::SeqCst) => {
+                    r#"{"status":"success","data":{"DCGM_FI_DEV_FB_USED":[{"type":"gauge","help":"Framebuffer memory used (in MiB).","unit":""}]}}"#
+                }
+                _ => r#"{"status":"success","data":{}}"#,
+            };
+            (StatusCode::OK, body.to_string())
+        }),
+        Duration::ZERO,
+    )
+    .await;
+    let p = proxy_for(&up, "").await;
+    let url = format!(
+        "http://{}/api/v1/metadata?metric=DCGM_FI_DEV_FB_USED",
+        p.addr
+    );
+    let r = get(&url).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let entry = &v["data"]["DCGM_FI_DEV_FB_USED"][0];
+    assert_eq!(entry["type"], "gauge", "{v}");
+    assert_eq!(entry["help"], "new help", "{v}");
+    assert_eq!(entry["unit"], "", "the new unit is not the old name's: {v}");
+    assert!(v["data"].get("DCGM_FI_DEV_FB_USED_bytes").is_none(), "{v}");
+    let metrics: Vec<String> = asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            promnorm::query::form::get(&a.form, "metric")
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        metrics.contains(&"DCGM_FI_DEV_FB_USED_bytes".to_string()),
+        "{metrics:?}"
+    );
+    assert!(
+        metrics.contains(&"DCGM_FI_DEV_FB_USED".to_string()),
+        "{metrics:?}"
+    );
+
+    old_known.store(true, std::sync::atomic::Ordering::SeqCst);
+    let v: serde_json::Value = serde_json::from_str(&get(&url).await.body).unwrap();
+    assert_eq!(
+        v["data"]["DCGM_FI_DEV_FB_USED"][0]["help"], "Framebuffer memory used (in MiB).",
+        "the history's own metadata first: {v}"
+    );
+
+    // A name no rule touches passes through.
+    let r = get(&format!("http://{}/api/v1/metadata?metric=up", p.addr)).await;
+    assert_eq!(r.body, r#"{"status":"success","data":{}}"#);
+    p.shut_down().await;
+}
