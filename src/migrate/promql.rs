@@ -10,7 +10,6 @@
 //! rewritten faithfully is reported, never silently changed.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::token::{self, TokenType};
@@ -1176,11 +1175,6 @@ impl Selected {
         }
         if all { Decided::Yes } else { Decided::Unknown }
     }
-}
-
-/// A duration that no query writes by hand, for Grafana's interval variables.
-pub(super) fn placeholder_duration(i: usize) -> Duration {
-    Duration::from_millis(9_876_543_210 + i as u64 * 1_001)
 }
 
 impl QueryRewriter<'_> {
