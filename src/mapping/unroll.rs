@@ -12,8 +12,10 @@ use super::number::{FloatStyle, write_float};
 use crate::wire::DecodeError;
 use crate::wire::STALE_NAN_BITS;
 use crate::wire::encode::{SeriesWriter, write_metadata};
+use crate::wire::fields::{
+    Field, RequestField, SeriesField, metadata_family, nhcb_shape, request_fields, series_fields,
+};
 use crate::wire::histogram::{CUSTOM_BUCKETS_SCHEMA, NativeHistogram};
-use crate::wire::pb::{Reader, WIRE_I64, WIRE_LEN, WIRE_VARINT};
 
 /// `MetricMetadata.type` HISTOGRAM.
 const HISTOGRAM: i32 = 3;
@@ -105,36 +107,27 @@ impl Unroller {
         self.family_names.clear();
         self.family_ends.clear();
         let mut done = Unrolled::default();
-        let mut r = Reader::new(mapped, 0, mapped.len());
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key()?;
-            match (field, wire) {
-                (1, WIRE_LEN) => {
-                    let (s, e) = r.len_delimited()?;
-                    match nhcb_cost(mapped, s, e)? {
-                        Some((cost, _)) if out.len().saturating_add(cost) <= max_bytes => {
-                            self.unroll_series(mapped, s, e, out, &mut done)?;
-                        }
-                        Some((_, n)) => {
-                            done.skipped += n;
-                            out.extend_from_slice(&mapped[from..r.pos()]);
-                        }
-                        None => out.extend_from_slice(&mapped[from..r.pos()]),
+        for field in request_fields(mapped) {
+            let Field { from, to, kind } = field?;
+            match kind {
+                RequestField::Series { start, end } => match nhcb_cost(mapped, start, end)? {
+                    Some((cost, _)) if out.len().saturating_add(cost) <= max_bytes => {
+                        self.unroll_series(mapped, start, end, out, &mut done)?;
                     }
-                }
-                (3, WIRE_LEN) => {
-                    let (s, e) = r.len_delimited()?;
-                    if let Some(family) = metadata_family(mapped, s, e)? {
+                    Some((_, n)) => {
+                        done.skipped += n;
+                        out.extend_from_slice(&mapped[from..to]);
+                    }
+                    None => out.extend_from_slice(&mapped[from..to]),
+                },
+                RequestField::Metadata { start, end } => {
+                    if let Some(family) = metadata_family(mapped, start, end)? {
                         let h = self.hash(family);
                         self.families.insert(h);
                     }
-                    out.extend_from_slice(&mapped[from..r.pos()]);
+                    out.extend_from_slice(&mapped[from..to]);
                 }
-                _ => {
-                    r.skip(wire)?;
-                    out.extend_from_slice(&mapped[from..r.pos()]);
-                }
+                RequestField::Other => out.extend_from_slice(&mapped[from..to]),
             }
         }
         // The 1.0 metadata request says HISTOGRAM for each unrolled family the body
@@ -173,34 +166,25 @@ impl Unroller {
         self.bounds.clear();
         let mut name = None;
         // Labels come first in promnorm's output; exemplars are placed at the end.
-        let mut r = Reader::new(buf, s, e);
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key()?;
-            match (field, wire) {
-                (1, WIRE_LEN) => {
-                    let (ls, le) = r.len_delimited()?;
-                    let l = label_ranges(buf, ls, le)?;
-                    if &buf[l.0..l.1] == b"__name__" {
-                        name = Some((l.2, l.3));
+        for field in series_fields(buf, s, e) {
+            let Field { from, to, kind } = field?;
+            match kind {
+                SeriesField::Label { name: n, value: v } => {
+                    if &buf[n.0..n.1] == b"__name__" {
+                        name = Some(v);
                     }
-                    self.labels.push(l);
+                    self.labels.push((n.0, n.1, v.0, v.1));
                 }
-                (3, WIRE_LEN) => {
-                    let (xs, xe) = r.len_delimited()?;
-                    self.exemplars
-                        .push((from, r.pos(), exemplar_value(buf, xs, xe)?));
-                }
-                (4, WIRE_LEN) => {
-                    let (hs, he) = r.len_delimited()?;
-                    self.hist.parse(buf, hs, he)?;
+                SeriesField::Exemplar { value } => self.exemplars.push((from, to, value)),
+                SeriesField::Histogram { start, end } => {
+                    self.hist.parse(buf, start, end)?;
                     if self.hist.sum_bits == STALE_NAN_BITS {
                         // A stale marker ends every classic series of the group.
                         self.push_row(true);
                         continue;
                     }
                     if self.hist.schema != CUSTOM_BUCKETS_SCHEMA {
-                        self.kept.push((from, r.pos()));
+                        self.kept.push((from, to));
                         continue;
                     }
                     let started = self.rows.iter().any(|r| !r.stale);
@@ -213,10 +197,7 @@ impl Unroller {
                     }
                     self.push_row(false);
                 }
-                _ => {
-                    r.skip(wire)?;
-                    self.kept.push((from, r.pos()));
-                }
+                SeriesField::Other => self.kept.push((from, to)),
             }
         }
         // Whatever else the series holds (float samples, exponential histograms) stays.
@@ -407,102 +388,15 @@ impl Classic<'_> {
 /// For a series with NHCB histograms: an upper estimate of the bytes its unrolling
 /// writes, and how many NHCB it has; `None` without NHCB.
 fn nhcb_cost(buf: &[u8], s: usize, e: usize) -> Result<Option<(usize, u64)>, DecodeError> {
-    let mut labels = 0usize;
-    let mut bounds = 0usize;
-    let mut nhcb = 0u64;
-    let mut r = Reader::new(buf, s, e);
-    while !r.is_done() {
-        let (field, wire) = r.key()?;
-        match (field, wire) {
-            (1, WIRE_LEN) => {
-                let (ls, le) = r.len_delimited()?;
-                labels += le - ls + 4;
-            }
-            (4, WIRE_LEN) => {
-                let (hs, he) = r.len_delimited()?;
-                let (schema, n) = histogram_shape(buf, hs, he)?;
-                if schema == CUSTOM_BUCKETS_SCHEMA {
-                    nhcb += 1;
-                    bounds += n + 3;
-                }
-            }
-            _ => r.skip(wire)?,
-        }
-    }
+    let shape = nhcb_shape(buf, s, e)?;
     // Per classic series and histogram: the labels, `le`, one sample; 64 covers the
     // name suffix, `le` text and the sample.
-    Ok((nhcb > 0).then(|| (bounds.saturating_mul(labels + 64), nhcb)))
-}
-
-/// A histogram's schema (field 4, sint32) and number of custom bounds (field 16).
-fn histogram_shape(buf: &[u8], s: usize, e: usize) -> Result<(i32, usize), DecodeError> {
-    let mut schema = 0;
-    let mut bounds = 0;
-    let mut r = Reader::new(buf, s, e);
-    while !r.is_done() {
-        let (field, wire) = r.key()?;
-        match (field, wire) {
-            (4, WIRE_VARINT) => {
-                let v = r.varint()?;
-                schema = ((v >> 1) as i64 ^ -((v & 1) as i64)) as i32;
-            }
-            (16, WIRE_LEN) => {
-                let (a, b) = r.len_delimited()?;
-                bounds += (b - a) / 8;
-            }
-            (16, WIRE_I64) => {
-                r.fixed64()?;
-                bounds += 1;
-            }
-            _ => r.skip(wire)?,
-        }
-    }
-    Ok((schema, bounds))
-}
-
-fn label_ranges(
-    buf: &[u8],
-    s: usize,
-    e: usize,
-) -> Result<(usize, usize, usize, usize), DecodeError> {
-    let (mut n, mut v) = ((s, s), (s, s));
-    let mut r = Reader::new(buf, s, e);
-    while !r.is_done() {
-        let (field, wire) = r.key()?;
-        match (field, wire) {
-            (1, WIRE_LEN) => n = r.len_delimited()?,
-            (2, WIRE_LEN) => v = r.len_delimited()?,
-            _ => r.skip(wire)?,
-        }
-    }
-    Ok((n.0, n.1, v.0, v.1))
-}
-
-fn exemplar_value(buf: &[u8], s: usize, e: usize) -> Result<f64, DecodeError> {
-    let mut v = 0.0;
-    let mut r = Reader::new(buf, s, e);
-    while !r.is_done() {
-        let (field, wire) = r.key()?;
-        if field == 2 && wire == WIRE_I64 {
-            v = f64::from_bits(r.fixed64()?);
-        } else {
-            r.skip(wire)?;
-        }
-    }
-    Ok(v)
-}
-
-fn metadata_family(buf: &[u8], s: usize, e: usize) -> Result<Option<&[u8]>, DecodeError> {
-    let mut r = Reader::new(buf, s, e);
-    while !r.is_done() {
-        let (field, wire) = r.key()?;
-        if field == 2 && wire == WIRE_LEN {
-            let (a, b) = r.len_delimited()?;
-            return Ok(Some(&buf[a..b]));
-        }
-        r.skip(wire)?;
-    }
-    Ok(None)
+    Ok((shape.nhcb > 0).then(|| {
+        (
+            shape.classic_series.saturating_mul(shape.label_bytes + 64),
+            shape.nhcb,
+        )
+    }))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod decode;
 pub mod decode_v2;
 pub mod encode;
 pub mod encode_v2;
+pub mod fields;
 pub mod histogram;
 pub mod pb;
 pub mod shard;
