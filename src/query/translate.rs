@@ -359,23 +359,32 @@ pub fn restore_labels(t: &Translation, labels: &mut Map<String, Value>, style: L
 /// A label set as a merge key: sorted pairs, `le` by its number (`1` and `1.0` are one
 /// bound).
 fn key_of(labels: &Value) -> Vec<(String, String)> {
-    let mut k: Vec<(String, String)> = labels
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(n, v)| {
-                    let v = v.as_str().unwrap_or_default();
-                    let v = match (n.as_str(), parse_float(v)) {
-                        ("le", Some(f)) => format!("{:x}", f.to_bits()),
-                        _ => v.to_string(),
-                    };
-                    (n.clone(), v)
-                })
-                .collect()
+    labels.as_object().map(label_key).unwrap_or_default()
+}
+
+/// [`key_of`] of a label set.
+pub fn label_key(m: &Map<String, Value>) -> Vec<(String, String)> {
+    let mut k: Vec<(String, String)> = m
+        .iter()
+        .map(|(n, v)| {
+            let v = v.as_str().unwrap_or_default();
+            let v = match (n.as_str(), parse_float(v)) {
+                ("le", Some(f)) => format!("{:x}", f.to_bits()),
+                _ => v.to_string(),
+            };
+            (n.clone(), v)
         })
-        .unwrap_or_default();
+        .collect();
     k.sort();
     k
+}
+
+/// Whether a series of an answer that read both periods is the new side's: it carries a
+/// label only the rules write (a renamed label's new name, without the old one).
+pub fn is_new_side(t: &Translation, m: &Map<String, Value>) -> bool {
+    t.label_renames
+        .iter()
+        .any(|(o, n)| m.contains_key(n) && !m.contains_key(o))
 }
 
 /// A sample's timestamp (`[1700000000.5, "1"]`) in milliseconds.
@@ -406,18 +415,19 @@ pub fn restore_query_data(t: &Translation, data: &mut Value, old: Option<&Value>
 /// One answer that read both periods (the query's text unchanged: only labels it does
 /// not name change) split by its series, before [`restore_query_data`]: those that
 /// carry a label only the rules write (the new side) and the others (the old side).
-pub fn split_sides(t: &Translation, data: Value) -> (Value, Value) {
+pub fn split_sides(t: &Translation, mut data: Value) -> (Value, Value) {
     let kind = data["resultType"].clone();
-    let Value::Array(items) = data["result"].clone() else {
+    if !matches!(kind.as_str(), Some("vector" | "matrix")) {
+        return (data, Value::Null);
+    }
+    let Value::Array(items) = data["result"].take() else {
         return (data, Value::Null);
     };
     let (mut new, mut old) = (Vec::new(), Vec::new());
     for item in items {
-        let is_new = item["metric"].as_object().is_some_and(|m| {
-            t.label_renames
-                .iter()
-                .any(|(o, n)| m.contains_key(n) && !m.contains_key(o))
-        });
+        let is_new = item["metric"]
+            .as_object()
+            .is_some_and(|m| is_new_side(t, m));
         if is_new {
             new.push(item);
         } else {
@@ -433,7 +443,7 @@ pub fn split_sides(t: &Translation, data: Value) -> (Value, Value) {
 /// Merges the answer to the original query (`old`, the history under the old names)
 /// into the restored new-side answer `new`: per label set and, for matrices, per
 /// timestamp, the new side's point wins. Both are a query answer's `data`.
-pub fn merge(new: Value, old: Value) -> Value {
+pub fn merge(mut new: Value, mut old: Value) -> Value {
     let kind = new["resultType"].as_str().unwrap_or_default().to_string();
     if old["resultType"].as_str() != Some(kind.as_str()) {
         return new;
@@ -442,61 +452,28 @@ pub fn merge(new: Value, old: Value) -> Value {
         "vector" => {
             let mut out: Vec<Value> = Vec::new();
             let mut seen = std::collections::HashSet::new();
-            for item in array(&new["result"])
-                .iter()
-                .chain(array(&old["result"]).iter())
+            for item in take_array(&mut new["result"])
+                .into_iter()
+                .chain(take_array(&mut old["result"]))
             {
                 if seen.insert(key_of(&item["metric"])) {
-                    out.push(item.clone());
+                    out.push(item);
                 }
             }
             serde_json::json!({"resultType": "vector", "result": out})
         }
         "matrix" => {
-            type Points = BTreeMap<i64, Value>;
-            let mut by_key: BTreeMap<Vec<(String, String)>, (Value, Points, Points)> =
-                BTreeMap::new();
-            // Old first, then new over it: the new side wins a timestamp both have.
-            for item in array(&old["result"])
-                .iter()
-                .chain(array(&new["result"]).iter())
-            {
-                let entry = by_key
-                    .entry(key_of(&item["metric"]))
-                    .or_insert_with(|| (item["metric"].clone(), Points::new(), Points::new()));
-                for p in array(&item["values"]) {
-                    if let Some(ts) = ts_ms(p) {
-                        entry.2.remove(&ts);
-                        entry.1.insert(ts, p.clone());
-                    }
-                }
-                for p in array(&item["histograms"]) {
-                    if let Some(ts) = ts_ms(p) {
-                        entry.1.remove(&ts);
-                        entry.2.insert(ts, p.clone());
-                    }
-                }
+            // Series are moved, never copied: a label set on one side only (the usual
+            // case: a name before the cut-over, another after) is taken whole; one on
+            // both sides has its two sorted point lists merged in one pass.
+            let mut by_key: BTreeMap<Vec<(String, String)>, Value> = BTreeMap::new();
+            for item in take_array(&mut old["result"]) {
+                merge_series(&mut by_key, item, false);
             }
-            let result: Vec<Value> = by_key
-                .into_values()
-                .map(|(metric, values, histograms)| {
-                    let mut o = Map::new();
-                    o.insert("metric".into(), metric);
-                    if !values.is_empty() {
-                        o.insert(
-                            "values".into(),
-                            Value::Array(values.into_values().collect()),
-                        );
-                    }
-                    if !histograms.is_empty() {
-                        o.insert(
-                            "histograms".into(),
-                            Value::Array(histograms.into_values().collect()),
-                        );
-                    }
-                    Value::Object(o)
-                })
-                .collect();
+            for item in take_array(&mut new["result"]) {
+                merge_series(&mut by_key, item, true);
+            }
+            let result: Vec<Value> = by_key.into_values().collect();
             serde_json::json!({"resultType": "matrix", "result": result})
         }
         "scalar" => {
@@ -505,6 +482,81 @@ pub fn merge(new: Value, old: Value) -> Value {
         }
         _ => new,
     }
+}
+
+fn take_array(v: &mut Value) -> Vec<Value> {
+    match v.take() {
+        Value::Array(a) => a,
+        _ => Vec::new(),
+    }
+}
+
+/// Adds one matrix series to `by_key`, merging it with one of the same label set; with
+/// `wins` its points replace the other's at a timestamp both have (a float and a
+/// histogram at one timestamp are one point: the winner's kind stays).
+fn merge_series(by_key: &mut BTreeMap<Vec<(String, String)>, Value>, item: Value, wins: bool) {
+    use std::collections::btree_map::Entry;
+    match by_key.entry(key_of(&item["metric"])) {
+        Entry::Vacant(v) => {
+            v.insert(item);
+        }
+        Entry::Occupied(mut o) => {
+            let (mut winner, mut loser) = if wins {
+                (item, o.get_mut().take())
+            } else {
+                (o.get_mut().take(), item)
+            };
+            let taken: Vec<i64> = ["values", "histograms"]
+                .iter()
+                .flat_map(|f| array(&winner[*f]).iter().filter_map(ts_ms))
+                .collect();
+            let taken: std::collections::HashSet<i64> = taken.into_iter().collect();
+            for field in ["values", "histograms"] {
+                let mine = take_array(&mut winner[field]);
+                let theirs: Vec<Value> = take_array(&mut loser[field])
+                    .into_iter()
+                    .filter(|p| ts_ms(p).is_none_or(|t| !taken.contains(&t)))
+                    .collect();
+                let points = merge_sorted(mine, theirs);
+                if let Some(obj) = winner.as_object_mut() {
+                    if points.is_empty() {
+                        obj.remove(field);
+                    } else {
+                        obj.insert(field.into(), Value::Array(points));
+                    }
+                }
+            }
+            o.insert(winner);
+        }
+    }
+}
+
+/// Two lists of points, each sorted by timestamp, as one sorted list.
+fn merge_sorted(a: Vec<Value>, b: Vec<Value>) -> Vec<Value> {
+    if a.is_empty() {
+        return b;
+    }
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => {
+                if ts_ms(x).unwrap_or(i64::MIN) <= ts_ms(y).unwrap_or(i64::MIN) {
+                    a.next()
+                } else {
+                    b.next()
+                }
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        out.extend(next);
+    }
+    out
 }
 
 fn array(v: &Value) -> &[Value] {
@@ -772,6 +824,23 @@ rules:
             serde_json::json!({"resultType": "matrix", "result": [
                 {"metric": {"a": "1"}, "values": [[1, "1"], [2, "2"], [3, "30"], [4, "40"]]},
                 {"metric": {"a": "only-old"}, "values": [[1, "1"]]}
+            ]})
+        );
+    }
+
+    #[test]
+    fn a_point_is_one_timestamp_whatever_its_kind() {
+        let old = serde_json::json!({"resultType": "matrix", "result": [
+            {"metric": {"a": "1"}, "values": [[1, "1"], [2, "2"]]}
+        ]});
+        let new = serde_json::json!({"resultType": "matrix", "result": [
+            {"metric": {"a": "1"}, "histograms": [[2, {"count": "3"}], [3, {"count": "4"}]]}
+        ]});
+        assert_eq!(
+            merge(new, old),
+            serde_json::json!({"resultType": "matrix", "result": [
+                {"metric": {"a": "1"}, "values": [[1, "1"]],
+                 "histograms": [[2, {"count": "3"}], [3, {"count": "4"}]]}
             ]})
         );
     }
