@@ -10,6 +10,8 @@ COPY proto proto
 COPY mappings mappings
 COPY src src
 COPY benches benches
+# A workspace member (the benchmark tools); only its manifest is read for this build.
+COPY tools tools
 # No default features: the image needs no synthetic fleet generator (`testkit`).
 RUN cargo build --release --locked --no-default-features --bin promnorm
 

@@ -3,7 +3,7 @@
 
 # Release binaries: PROMNORM_BIN / BENCH_BIN, else cargo build into $CARGO_TARGET_DIR.
 if [ -z "${PROMNORM_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
-  cargo build --release --quiet --bin promnorm --bin promnorm-bench
+  cargo build --release --quiet -p promnorm -p promnorm-tools --bin promnorm --bin promnorm-bench
 fi
 RELEASE=${CARGO_TARGET_DIR:-$PWD/target}/release
 PROMNORM=${PROMNORM_BIN:-$RELEASE/promnorm}

@@ -50,7 +50,7 @@ if [ -z "$NGINX" ]; then
 fi
 
 if [ -z "${PROMNORM_BIN:-}" ]; then
-  cargo build --release --quiet --bin promnorm --bin promnorm-bench
+  cargo build --release --quiet -p promnorm -p promnorm-tools --bin promnorm --bin promnorm-bench
   PROMNORM_BIN=$RELEASE/promnorm
 fi
 BENCH_BIN=${BENCH_BIN:-$(dirname "$PROMNORM_BIN")/promnorm-bench}

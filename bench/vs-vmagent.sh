@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side throughput of promnorm and vmagent 1.79 under the same load into the same
 # null sink, each system pinned to one core (BENCHMARKS.md). Everything comes from this
-# repository: promnorm-bench (src/bin/promnorm-bench.rs) is the load generator (core 0),
+# repository: promnorm-bench (tools/src/bin/promnorm-bench.rs) is the load generator (core 0),
 # the null sink (in the same process) and the runner; only vmagent comes from Debian
 # (bench/lib.sh fetches it when missing). Cases run interleaved, RUNS times each (each
 # round starting one case further on), every

@@ -99,4 +99,4 @@ fi
 # Tests build optimised but without link-time optimisation: ~25 test binaries link in
 # minutes instead of tens of minutes on two cores; benchmarks keep the release profile.
 export CARGO_PROFILE_RELEASE_LTO=false
-cargo test --release --all-targets --no-fail-fast -- --nocapture 2>&1 | tee .e2e-bin/test.log
+cargo test --release --workspace --all-targets --no-fail-fast -- --nocapture 2>&1 | tee .e2e-bin/test.log

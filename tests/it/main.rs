@@ -7,7 +7,6 @@ mod common;
 
 mod adversarial;
 mod architecture;
-mod bench_harness;
 mod cli;
 mod config_cli;
 mod config_docs;
