@@ -535,6 +535,53 @@ pub fn web_options(cfg: &Config) -> Result<crate::web::WebOptions, BuildError> {
     })
 }
 
+/// The exposition sink's settings (`exposition`); `None` when it is off. Its tenancy
+/// is the backends' (the top-level `tenancy`, else the first backend's own).
+pub fn exposition_options(
+    cfg: &Config,
+) -> Result<Option<crate::forward::exposition::ExpositionOptions>, BuildError> {
+    let Some(e) = &cfg.exposition else {
+        return Ok(None);
+    };
+    let tenancy = cfg
+        .tenancy
+        .iter()
+        .chain(cfg.backends.iter().filter_map(|b| b.tenancy.as_ref()))
+        .find(|t| t.enabled);
+    // `check_tenancy` refused a header that is no header name before this runs.
+    let tenancy = tenancy.and_then(|t| {
+        Some(crate::forward::exposition::ExpositionTenancy {
+            label: t.label.clone(),
+            header: http::HeaderName::try_from(t.header.as_str()).ok()?,
+            default: t.default.clone(),
+            keep_label: t.keep_label,
+        })
+    });
+    Ok(Some(crate::forward::exposition::ExpositionOptions {
+        ttl: e.ttl,
+        max_series: e.max_series,
+        tenancy,
+    }))
+}
+
+/// The exposition sink: the previous parts' one (its series kept, its options
+/// replaced) or a new one.
+fn exposition_store(
+    cfg: &Config,
+    previous: Option<&Running>,
+) -> Result<Option<Arc<crate::forward::exposition::ExpositionStore>>, BuildError> {
+    let Some(opts) = exposition_options(cfg)? else {
+        return Ok(None);
+    };
+    if let Some(old) = previous.and_then(|p| p.state.forwarder.exposition()) {
+        old.reconfigure(opts);
+        return Ok(Some(old.clone()));
+    }
+    Ok(Some(Arc::new(
+        crate::forward::exposition::ExpositionStore::new(opts),
+    )))
+}
+
 /// The query API's settings (`query`), its credentials read; `None` when it is off.
 pub fn query_options(cfg: &Config) -> Result<Option<crate::query::QueryOptions>, BuildError> {
     let Some(q) = &cfg.query else {
@@ -728,7 +775,8 @@ pub fn build(cfg: &Config, previous: Option<&Running>) -> Result<Running, BuildE
         pipeline = pipeline.with_counter_families_of(&old.pipeline);
     }
     // The same backends serve every configuration that keeps them.
-    let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect());
+    let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect())
+        .with_exposition(exposition_store(&cfg, previous)?);
     let mut state = AppState::new(pipeline, forwarder, server_options(&cfg)?);
     if let Some(opts) = query_options(&cfg)? {
         let usage = previous

@@ -12,6 +12,7 @@ pub mod config;
 pub mod derive;
 pub mod explain;
 pub mod exposition;
+pub mod federate;
 pub mod forward;
 pub mod mapping;
 pub mod migrate;

@@ -118,6 +118,10 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
             live.clone() as Arc<dyn crate::query::Source>,
             cfg.web.route_prefix.as_deref().unwrap_or(""),
         ))
+        .merge(crate::federate::router(
+            live.clone() as Arc<dyn crate::federate::Source>,
+            cfg.web.route_prefix.as_deref().unwrap_or(""),
+        ))
         .merge(crate::web::router(live, &crate::app::web_options(&cfg)?));
     crate::server::run(
         listener,

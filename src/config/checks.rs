@@ -156,6 +156,45 @@ impl Config {
 
     /// Reads what `serve` will read for a backend (credentials, CA file), so a
     /// configuration that check-config accepts, serve accepts; errors name the position.
+    fn check_scrape(&self, sc: &ScrapeConfig) -> Result<(), ConfigError> {
+        if sc.interval.is_zero() {
+            return Err(self.invalid_at("interval", "0", "scrape.interval must be positive"));
+        }
+        if sc.timeout.is_zero() || sc.timeout > sc.interval {
+            return Err(self.invalid_at(
+                "timeout",
+                &format_duration(sc.timeout),
+                "scrape.timeout must be positive and at most scrape.interval",
+            ));
+        }
+        if sc.max_body_bytes.0 == 0 {
+            return Err(self.invalid_at(
+                "max_body_bytes",
+                "0",
+                "scrape.max_body_bytes must be positive",
+            ));
+        }
+        for t in &sc.targets {
+            crate::config::scrape_target_url(&t.url)
+                .map_err(|why| self.invalid_at("url", &t.url, why))?;
+            for name in t.labels.keys() {
+                if !crate::config::is_label_name(name) {
+                    return Err(self.invalid_at(
+                        name,
+                        name,
+                        format!("scrape target label {name:?} is not a valid label name"),
+                    ));
+                }
+            }
+        }
+        for pattern in &sc.file_sd {
+            if pattern.is_empty() {
+                return Err(self.invalid_at("file_sd", "", "scrape.file_sd: an empty path"));
+            }
+        }
+        Ok(())
+    }
+
     fn check_backend_files(&self, name: &str, b: &BackendConfig) -> Result<(), ConfigError> {
         let secrets = b
             .bearer_token
@@ -552,6 +591,21 @@ impl Config {
         self.check_web()?;
         if let Some(q) = &self.query {
             self.check_query(q)?;
+        }
+        if let Some(e) = &self.exposition {
+            if e.ttl.is_zero() {
+                return Err(self.invalid_at("ttl", "0", "exposition.ttl must be positive"));
+            }
+            if e.max_series == 0 {
+                return Err(self.invalid_at(
+                    "max_series",
+                    "0",
+                    "exposition.max_series must be positive",
+                ));
+            }
+        }
+        if let Some(sc) = &self.scrape {
+            self.check_scrape(sc)?;
         }
         let mut names = std::collections::BTreeSet::new();
         let mut queue_dirs = std::collections::BTreeSet::new();

@@ -208,3 +208,32 @@ pub fn format_duration(d: Duration) -> String {
         format!("{}s", ms / 1000)
     }
 }
+
+/// A scrape target's URL: `http://` or `https://` with a host (credentials in it are
+/// refused: they would show on `instance` and in logs).
+pub fn scrape_target_url(raw: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = raw
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| format!("scrape target {raw:?}: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!(
+            "scrape target {raw:?} must be an http:// or https:// URL with a host"
+        ));
+    }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(format!(
+            "scrape target {:?}: credentials in the URL are not supported",
+            redact_url(raw)
+        ));
+    }
+    Ok(uri)
+}
+
+/// A Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
+pub fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}

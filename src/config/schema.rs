@@ -49,6 +49,12 @@ pub struct Config {
     /// units from the normalised data and the history under the old names (docs/query.md).
     /// Omitted: no query API.
     pub query: Option<QueryConfig>,
+    /// Re-exposition of the forwarded series at `GET /federate`, for collectors that pull
+    /// (docs/federate.md). Omitted: no `/federate`.
+    pub exposition: Option<ExpositionConfig>,
+    /// Targets promnorm scrapes itself, their series fed into the pipeline like a pushed
+    /// request (docs/scrape.md). Omitted: no scraping.
+    pub scrape: Option<ScrapeConfig>,
     /// Where this configuration was read from, for error positions.
     #[serde(skip)]
     pub source: Option<ConfigSource>,
@@ -86,6 +92,8 @@ impl Default for Config {
             tenancy: None,
             web: WebConfig::default(),
             query: None,
+            exposition: None,
+            scrape: None,
             source: None,
         }
     }
@@ -141,6 +149,82 @@ fn default_query_max_response_bytes() -> ByteSize {
 
 fn default_query_max_concurrent() -> usize {
     16
+}
+
+/// `exposition`: the last forwarded sample of every series, served at `GET /federate`
+/// (docs/federate.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExpositionConfig {
+    /// A series not forwarded again within this is no longer served.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub ttl: Duration,
+    /// Series held at most (about 160 bytes plus the label bytes each); past it the
+    /// least recently updated are evicted and counted.
+    pub max_series: usize,
+}
+
+impl Default for ExpositionConfig {
+    fn default() -> Self {
+        ExpositionConfig {
+            ttl: Duration::from_secs(300),
+            max_series: 200_000,
+        }
+    }
+}
+
+/// `scrape`: targets promnorm scrapes (docs/scrape.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScrapeConfig {
+    /// Time between two scrapes of a target; targets are spread over it.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub interval: Duration,
+    /// One scrape, connect to last byte; at most `interval`.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub timeout: Duration,
+    /// A larger answer (after gzip) fails the scrape (`up` 0).
+    pub max_body_bytes: ByteSize,
+    /// A target's series keep their own labels where they clash with the target's
+    /// (else theirs become `exported_<name>`), as Prometheus' `honor_labels`.
+    pub honor_labels: bool,
+    /// Keep the timestamps a target writes (else every sample gets the scrape's time).
+    pub honor_timestamps: bool,
+    /// Static targets.
+    pub targets: Vec<ScrapeTargetConfig>,
+    /// Files of targets in Prometheus' `file_sd` format (JSON or YAML; globs), reread
+    /// when they change.
+    pub file_sd: Vec<String>,
+    /// How often the `file_sd` files are checked for changes.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub file_sd_refresh: Duration,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        ScrapeConfig {
+            interval: Duration::from_secs(15),
+            timeout: Duration::from_secs(10),
+            max_body_bytes: ByteSize::mib(64),
+            honor_labels: false,
+            honor_timestamps: true,
+            targets: Vec::new(),
+            file_sd: Vec::new(),
+            file_sd_refresh: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One static scrape target.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeTargetConfig {
+    /// `http://host:port/path` of the target's exposition.
+    pub url: String,
+    /// Labels on every series of the target (`job` and `instance` among them; without
+    /// them `job` is `scrape` and `instance` the URL's `host:port`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The web UI (docs/ui.md). Restart-only: a reload keeps the running values.

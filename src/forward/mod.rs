@@ -5,6 +5,7 @@
 //! queue in front of it, as a field (vmagent's client holds its queue the same way). The
 //! request path only sees "deliver this payload, tell me the outcome".
 
+pub mod exposition;
 pub mod http_backend;
 pub mod queue;
 pub mod route;
@@ -428,12 +429,28 @@ pub struct Forwarder {
     /// Shared: a reload's new forwarder keeps the backends whose settings did not change.
     backends: Vec<Arc<Backend>>,
     routing: Routing,
+    /// The exposition sink (`/federate`), when configured: it records every routed body.
+    exposition: Option<Arc<exposition::ExpositionStore>>,
 }
 
 impl Forwarder {
     pub fn new(backends: Vec<Arc<Backend>>) -> Self {
         let routing = Routing::new(&backends);
-        Forwarder { backends, routing }
+        Forwarder {
+            backends,
+            routing,
+            exposition: None,
+        }
+    }
+
+    /// Also records what is routed into `store` (`exposition`, docs/federate.md).
+    pub fn with_exposition(mut self, store: Option<Arc<exposition::ExpositionStore>>) -> Self {
+        self.exposition = store;
+        self
+    }
+
+    pub fn exposition(&self) -> Option<&Arc<exposition::ExpositionStore>> {
+        self.exposition.as_ref()
     }
 
     pub fn backends(&self) -> impl Iterator<Item = &Arc<Backend>> {
@@ -464,7 +481,11 @@ impl Forwarder {
         out: &mut Vec<Delivery>,
     ) -> Result<(), RouteError> {
         self.routing
-            .route(&self.backends, mapped, split, bodies, out)
+            .route(&self.backends, mapped, split, bodies, out)?;
+        if let Some(store) = &self.exposition {
+            store.record(mapped.body, mapped.sender);
+        }
+        Ok(())
     }
 
     /// Delivers each of `deliveries` concurrently, each with its own retries

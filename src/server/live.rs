@@ -77,6 +77,16 @@ impl crate::query::Source for Live {
     }
 }
 
+impl crate::federate::Source for Live {
+    fn federate(&self) -> crate::federate::FederateSnapshot {
+        let st = self.current();
+        crate::federate::FederateSnapshot {
+            store: st.forwarder.exposition().cloned(),
+            ingest_token: st.ingest_token.clone(),
+        }
+    }
+}
+
 fn text(status: StatusCode, line: &str) -> Response {
     (
         status,
