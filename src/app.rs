@@ -564,6 +564,42 @@ pub fn exposition_options(
     }))
 }
 
+/// The scraper's settings (`scrape`); `None` when it is off.
+pub fn scrape_options(cfg: &Config) -> Option<crate::scrape::ScrapeOptions> {
+    let sc = cfg.scrape.as_ref()?;
+    Some(crate::scrape::ScrapeOptions {
+        interval: sc.interval,
+        timeout: sc.timeout,
+        max_body_bytes: usize::try_from(sc.max_body_bytes.0).unwrap_or(usize::MAX),
+        honor_labels: sc.honor_labels,
+        honor_timestamps: sc.honor_timestamps,
+        targets: sc
+            .targets
+            .iter()
+            .map(|t| crate::scrape::TargetSpec {
+                url: t.url.clone(),
+                labels: t.labels.clone(),
+            })
+            .collect(),
+        file_sd: sc.file_sd.clone(),
+        file_sd_refresh: sc.file_sd_refresh,
+        parse_groups: parse_file_sd,
+    })
+}
+
+/// A `file_sd` file (JSON or YAML: one parser, since JSON is YAML) → its groups.
+fn parse_file_sd(text: &str) -> Result<Vec<crate::scrape::sd::TargetGroup>, String> {
+    let groups: Vec<crate::config::FileSdGroup> =
+        crate::config::yaml::from_str(text).map_err(|e| e.to_string())?;
+    Ok(groups
+        .into_iter()
+        .map(|g| crate::scrape::sd::TargetGroup {
+            targets: g.targets,
+            labels: g.labels,
+        })
+        .collect())
+}
+
 /// The exposition sink: the previous parts' one (its series kept, its options
 /// replaced) or a new one.
 fn exposition_store(
@@ -778,6 +814,7 @@ pub fn build(cfg: &Config, previous: Option<&Running>) -> Result<Running, BuildE
     let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect())
         .with_exposition(exposition_store(&cfg, previous)?);
     let mut state = AppState::new(pipeline, forwarder, server_options(&cfg)?);
+    state.scrape = scrape_options(&cfg).map(Arc::new);
     if let Some(opts) = query_options(&cfg)? {
         let usage = previous
             .and_then(|p| p.state.query.as_ref())

@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod query;
 pub mod reload;
 pub mod rules_export;
+pub mod scrape;
 pub mod serve;
 pub mod server;
 pub mod sys;

@@ -113,6 +113,14 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
     }
     #[cfg(unix)]
     let hangup_task = tokio::spawn(reloader.clone().on_hangup(hangups));
+    // The scraper follows the live configuration (a reload's `scrape:` applies within a
+    // second); it stops with the listener, before the queues drain.
+    let scrape_tls = crate::forward::tls::client_config(&Default::default())
+        .map_err(|e| anyhow::anyhow!("scrape TLS: {e}"))?;
+    let scraper = tokio::spawn(crate::scrape::run(
+        live.clone() as Arc<dyn crate::scrape::Host>,
+        scrape_tls,
+    ));
     let app = crate::server::router_live(live.clone(), &cfg.write_paths)
         .merge(crate::query::router(
             live.clone() as Arc<dyn crate::query::Source>,
@@ -131,6 +139,7 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
         cfg.shutdown_timeout,
     )
     .await?;
+    scraper.abort();
     #[cfg(unix)]
     hangup_task.abort();
     reloader.stop(cfg.shutdown_timeout).await;

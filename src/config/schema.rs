@@ -227,6 +227,18 @@ pub struct ScrapeTargetConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+/// One group of a `file_sd` file (Prometheus' format).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSdGroup {
+    /// `host:port` of each target.
+    pub targets: Vec<String>,
+    /// Labels of every target of the group (`__scheme__`, `__metrics_path__` shape
+    /// the URL).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
 /// The web UI (docs/ui.md). Restart-only: a reload keeps the running values.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

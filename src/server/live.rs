@@ -87,6 +87,16 @@ impl crate::federate::Source for Live {
     }
 }
 
+impl crate::scrape::Host for Live {
+    fn scrape_options(&self) -> Option<Arc<crate::scrape::ScrapeOptions>> {
+        self.current().scrape.clone()
+    }
+
+    fn ingest<'a>(&'a self, body: &'a [u8]) -> crate::scrape::DeliverFuture<'a> {
+        Box::pin(super::ingest_internal(self, body))
+    }
+}
+
 fn text(status: StatusCode, line: &str) -> Response {
     (
         status,

@@ -60,6 +60,8 @@ pub struct AppState {
     pub config_text: String,
     /// The query API (`query.upstream`), when configured (docs/query.md).
     pub query: Option<Arc<crate::query::QueryApi>>,
+    /// `scrape:` (docs/scrape.md), read by the scraper at every tick.
+    pub scrape: Option<Arc<crate::scrape::ScrapeOptions>>,
 }
 
 /// The server's own settings (the rest of the state is built parts).
@@ -105,6 +107,7 @@ impl AppState {
             throttle_status: opts.throttle_status,
             config_text: opts.config_text,
             query: None,
+            scrape: None,
         }
     }
 }
@@ -459,6 +462,61 @@ async fn ingest(
     let resp = forward(st, headers, protocol, &processed, &deliveries).await;
     drop(ticket);
     Ok(resp)
+}
+
+/// A body promnorm produced itself (a scrape, docs/scrape.md): taken as a pushed 1.0
+/// request is, inside the same overload budget and through the same pipeline, without
+/// the checks that belong to a sender (auth, headers).
+pub async fn ingest_internal(live: &Live, raw: &[u8]) -> crate::scrape::Delivered {
+    use crate::scrape::Delivered;
+    let st = live.current();
+    let retry_or_reject = |status: StatusCode, why: String| {
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            Delivered::Retry(why)
+        } else {
+            Delivered::Rejected(why)
+        }
+    };
+    let compressed = match snap::raw::Encoder::new().compress_vec(raw) {
+        Ok(c) => c,
+        Err(e) => return Delivered::Rejected(format!("compressing: {e}")),
+    };
+    let mut ticket = match st.budget.admit() {
+        Ok(t) => t,
+        Err(why) => return Delivered::Retry(format!("over the {} budget", budget_name(why))),
+    };
+    if let Err(why) = ticket.reserve(compressed.len() + raw.len()) {
+        return Delivered::Retry(format!("over the {} budget", budget_name(why)));
+    }
+    let mut admitted = Admitted {
+        body: bytes::Bytes::from(compressed),
+        ticket,
+        decoded_reserved: raw.len(),
+    };
+    let headers = HeaderMap::new();
+    let (processed, deliveries) = match process(&st, &headers, InputProtocol::V1, &mut admitted) {
+        Ok(x) => x,
+        Err(e) => {
+            let status = e.into_response().status();
+            return retry_or_reject(status, format!("answered {status}"));
+        }
+    };
+    tap::offer(
+        live,
+        &admitted.body,
+        InputProtocol::V1,
+        st.max_decoded_bytes,
+    );
+    let Admitted { body, ticket, .. } = admitted;
+    drop(body);
+    let resp = forward(&st, &headers, InputProtocol::V1, &processed, &deliveries).await;
+    drop(ticket);
+    let status = resp.status();
+    if status.is_success() {
+        Delivered::Ok
+    } else {
+        retry_or_reject(status, format!("the backends' verdict was {status}"))
+    }
 }
 
 /// A request inside the overload budget: its body, and what it reserved.
