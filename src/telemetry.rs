@@ -424,7 +424,71 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Query API requests answered without the upstream's answer, by reason: timeout, too_large, unavailable, busy (query.max_concurrent).",
     ),
+    (
+        EXPOSITION_SERIES,
+        Kind::Gauge,
+        "Series /federate serves now (exposition.max_series bounds them).",
+    ),
+    (
+        EXPOSITION_EVICTED,
+        Kind::Counter,
+        "Series evicted from /federate's store at exposition.max_series, least recently updated first.",
+    ),
+    (
+        EXPOSITION_EXPIRED,
+        Kind::Counter,
+        "Series no longer served by /federate: not forwarded again within exposition.ttl.",
+    ),
+    (
+        EXPOSITION_LEFT_OUT,
+        Kind::Counter,
+        "Native histogram samples /federate cannot show (exponential buckets have no classic form), by reason.",
+    ),
+    (
+        SCRAPES,
+        Kind::Counter,
+        "Scrapes of scrape targets, by result (ok, failed).",
+    ),
+    (
+        SCRAPE_TARGETS,
+        Kind::Gauge,
+        "Scrape targets configured now (static and file_sd).",
+    ),
+    (
+        SCRAPE_SAMPLES,
+        Kind::Counter,
+        "Samples read from scrape targets (before the pipeline).",
+    ),
+    (
+        SCRAPE_STALE,
+        Kind::Counter,
+        "Staleness markers written for scraped series that vanished, failed or whose target was removed.",
+    ),
+    (
+        SCRAPE_DURATION,
+        Kind::Histogram,
+        "Scrapes from request to parsed body.",
+    ),
 ];
+
+pub const SCRAPES: &str = "promnorm_scrapes_total";
+pub const SCRAPE_TARGETS: &str = "promnorm_scrape_targets";
+pub const SCRAPE_SAMPLES: &str = "promnorm_scrape_samples_total";
+pub const SCRAPE_STALE: &str = "promnorm_scrape_stale_markers_total";
+pub const SCRAPE_DURATION: &str = "promnorm_scrape_duration_seconds";
+pub const EXPOSITION_SERIES: &str = "promnorm_exposition_series";
+pub const EXPOSITION_EVICTED: &str = "promnorm_exposition_evicted_series_total";
+pub const EXPOSITION_EXPIRED: &str = "promnorm_exposition_expired_series_total";
+pub const EXPOSITION_LEFT_OUT: &str = "promnorm_exposition_left_out_total";
+
+/// The exposition store's state, read at scrape time of `/metrics`.
+pub fn exposition_state(series: usize, evicted: u64, expired: u64, native_left_out: u64) {
+    metrics::gauge!(EXPOSITION_SERIES).set(series as f64);
+    metrics::counter!(EXPOSITION_EVICTED).absolute(evicted);
+    metrics::counter!(EXPOSITION_EXPIRED).absolute(expired);
+    metrics::counter!(EXPOSITION_LEFT_OUT, "reason" => "native_histogram")
+        .absolute(native_left_out);
+}
 
 pub const REQUESTS: &str = "promnorm_requests_total";
 pub const REQUESTS_THROTTLED: &str = "promnorm_requests_throttled_total";

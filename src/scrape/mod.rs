@@ -66,15 +66,6 @@ pub trait Host: Send + Sync + 'static {
     fn ingest<'a>(&'a self, body: &'a [u8]) -> DeliverFuture<'a>;
 }
 
-/// Counts shown in promnorm's own `/metrics`.
-pub mod metrics {
-    pub const SCRAPES: &str = "promnorm_scrapes_total";
-    pub const SCRAPE_TARGETS: &str = "promnorm_scrape_targets";
-    pub const SCRAPE_SAMPLES: &str = "promnorm_scrape_samples_total";
-    pub const SCRAPE_STALE: &str = "promnorm_scrape_stale_markers_total";
-    pub const SCRAPE_DURATION: &str = "promnorm_scrape_duration_seconds";
-}
-
 /// The `Accept` header Prometheus sends: OpenMetrics first, then the text format.
 const ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
@@ -190,7 +181,7 @@ pub async fn run(host: Arc<dyn Host>, tls: rustls::ClientConfig) {
                 running.insert(spec, stop_tx);
             }
         }
-        ::metrics::gauge!(metrics::SCRAPE_TARGETS).set(running.len() as f64);
+        metrics::gauge!(crate::telemetry::SCRAPE_TARGETS).set(running.len() as f64);
     }
 }
 
@@ -263,7 +254,7 @@ async fn target_loop(
             _ = &mut stop => {
                 let mut out = Batches { bodies: Vec::new() };
                 let stale = enc.encode_removal(unix_ms(), &mut out);
-                ::metrics::counter!(metrics::SCRAPE_STALE).increment(stale);
+                metrics::counter!(crate::telemetry::SCRAPE_STALE).increment(stale);
                 tracing::info!(target = %url, stale_markers = stale, "scrape target removed");
                 deliver(&*host, out, Instant::now() + s.interval).await;
                 return;
@@ -294,9 +285,9 @@ async fn target_loop(
                 if let Some(e) = last_error.take() {
                     tracing::info!(target = %url, previous_error = %e, "scrape target up again");
                 }
-                ::metrics::counter!(metrics::SCRAPES, "result" => "ok").increment(1);
-                ::metrics::counter!(metrics::SCRAPE_SAMPLES).increment(c.scraped);
-                ::metrics::counter!(metrics::SCRAPE_STALE).increment(c.stale);
+                metrics::counter!(crate::telemetry::SCRAPES, "result" => "ok").increment(1);
+                metrics::counter!(crate::telemetry::SCRAPE_SAMPLES).increment(c.scraped);
+                metrics::counter!(crate::telemetry::SCRAPE_STALE).increment(c.stale);
                 if c.duplicates > 0 {
                     crate::telemetry::samples_dropped("scrape_duplicate", c.duplicates);
                 }
@@ -304,8 +295,8 @@ async fn target_loop(
             }
             Err(e) => {
                 let stale = enc.encode_failure(now_ms, &mut out);
-                ::metrics::counter!(metrics::SCRAPES, "result" => "failed").increment(1);
-                ::metrics::counter!(metrics::SCRAPE_STALE).increment(stale);
+                metrics::counter!(crate::telemetry::SCRAPES, "result" => "failed").increment(1);
+                metrics::counter!(crate::telemetry::SCRAPE_STALE).increment(stale);
                 if last_error.as_deref() != Some(e.as_str()) {
                     tracing::warn!(target = %url, error = %e, stale_markers = stale, "scrape failed; up is 0");
                 } else {
@@ -315,7 +306,7 @@ async fn target_loop(
                 (false, 0)
             }
         };
-        ::metrics::histogram!(metrics::SCRAPE_DURATION).record(duration);
+        metrics::histogram!(crate::telemetry::SCRAPE_DURATION).record(duration);
         enc.encode_report(
             &Report {
                 up,

@@ -177,6 +177,15 @@ impl AppState {
 
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
+        if let Some(x) = self.forwarder.exposition() {
+            let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            telemetry::exposition_state(
+                x.len(),
+                load(&x.counts.evicted),
+                load(&x.counts.expired),
+                load(&x.counts.native_left_out),
+            );
+        }
         for backend in self.forwarder.backends() {
             if let Some(q) = backend.queue_state() {
                 telemetry::queue_state(backend.name(), q.bytes, q.requests, q.oldest_age);

@@ -192,10 +192,20 @@ pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
             live.clone() as Arc<dyn promnorm::query::Source>,
             "",
         ))
+        .merge(promnorm::federate::router(
+            live.clone() as Arc<dyn promnorm::federate::Source>,
+            "",
+        ))
         .merge(promnorm::web::router(
-            live,
+            live.clone(),
             &promnorm::web::WebOptions::default(),
         ));
+    // The scraper, as serve runs it (idle without `scrape:`).
+    let tls = promnorm::forward::tls::client_config(&Default::default()).unwrap();
+    let scraper = tokio::spawn(promnorm::scrape::run(
+        live as Arc<dyn promnorm::scrape::Host>,
+        tls,
+    ));
     let done = tokio::spawn(async move {
         let r = run(
             listener,
@@ -207,6 +217,7 @@ pub async fn start_proxy_yaml(yaml: &str, shutdown: Duration) -> Proxy {
             shutdown,
         )
         .await;
+        scraper.abort();
         state.stop_background(background, shutdown).await;
         state.stop_queues(shutdown).await;
         r

@@ -8,6 +8,32 @@ use std::path::Path;
 /// Module → modules of the crate it must not import.
 const FORBIDDEN: &[(&str, &[&str])] = &[
     (
+        "scrape",
+        &[
+            "config",
+            "server",
+            "app",
+            "reload",
+            "pipeline",
+            "derive",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
+        "federate",
+        &[
+            "config",
+            "server",
+            "app",
+            "reload",
+            "pipeline",
+            "derive",
+            "normalize",
+            "explain",
+        ],
+    ),
+    (
         "wire",
         &[
             "config",

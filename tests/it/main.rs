@@ -20,6 +20,7 @@ mod native_histograms;
 mod otel_names;
 mod overload;
 mod proxy;
+mod pull;
 mod query;
 mod queue;
 mod reload;
