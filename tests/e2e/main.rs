@@ -10,6 +10,7 @@ mod faults;
 mod migrate;
 mod native_histograms;
 mod prometheus;
+mod pull;
 mod query;
 mod queue_faults;
 mod rules;

@@ -220,3 +220,46 @@ async fn federate_serves_what_was_forwarded_filtered_by_match() {
     assert_eq!(bad.status, 400);
     proxy.shut_down().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_sd_change_is_picked_up_without_a_restart() {
+    let a = serve_exposition("a_gauge 1\n".into()).await;
+    let b = serve_exposition("b_gauge 2\n".into()).await;
+    let dir = std::env::temp_dir().join(format!("promnorm-it-file-sd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("targets.json");
+    let group = |addr: std::net::SocketAddr| {
+        format!("[{{\"targets\": [\"{addr}\"], \"labels\": {{\"job\": \"sd\"}}}}]")
+    };
+    std::fs::write(&file, group(a)).unwrap();
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let proxy = start_proxy(
+        &[backend],
+        &format!(
+            "scrape:\n  interval: 1s\n  timeout: 1s\n  file_sd_refresh: 1s\n  file_sd: ['{}/*.json']\n",
+            dir.display()
+        ),
+    )
+    .await;
+    let up_a = format!("up{{instance=\"{a}\",job=\"sd\"}}");
+    let up_b = format!("up{{instance=\"{b}\",job=\"sd\"}}");
+    until(|| received(&rec).contains_key(&up_a), "target a").await;
+    // A rewrite with another size or time: b replaces a.
+    std::fs::write(&file, group(b)).unwrap();
+    until(|| received(&rec).contains_key(&up_b), "target b").await;
+    until(
+        || {
+            let got = received(&rec);
+            let stale = |k: &str| {
+                got.get(k)
+                    .is_some_and(|v| v.iter().any(|x| x.to_bits() == STALE_NAN_BITS))
+            };
+            stale(&up_a) && stale(&format!("a_gauge{{instance=\"{a}\",job=\"sd\"}}"))
+        },
+        "a's staleness markers",
+    )
+    .await;
+    proxy.shut_down().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
