@@ -681,3 +681,102 @@ fn write_sample(
     }
     out.push(b'\n');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forward::exposition::ExpositionOptions;
+    use crate::wire::proto::prometheus as pb;
+    use prost::Message;
+
+    fn store_with_two_families() -> ExpositionStore {
+        let store = ExpositionStore::new(ExpositionOptions {
+            ttl: std::time::Duration::from_secs(300),
+            max_series: 100,
+            tenancy: None,
+        });
+        let label = |n: &str, v: &str| pb::Label {
+            name: n.into(),
+            value: v.into(),
+        };
+        let body = pb::WriteRequest {
+            timeseries: vec![
+                pb::TimeSeries {
+                    labels: vec![label("__name__", "temp_celsius")],
+                    samples: vec![pb::Sample {
+                        value: 21.5,
+                        timestamp: 1_700_000_000_500,
+                    }],
+                    ..Default::default()
+                },
+                pb::TimeSeries {
+                    labels: vec![label("__name__", "req_total"), label("a", "b\"c")],
+                    samples: vec![pb::Sample {
+                        value: 5.0,
+                        timestamp: 1_700_000_000_000,
+                    }],
+                    ..Default::default()
+                },
+            ],
+            metadata: vec![
+                pb::MetricMetadata {
+                    r#type: 1,
+                    metric_family_name: "req_total".into(),
+                    help: "Requests.".into(),
+                    unit: String::new(),
+                },
+                pb::MetricMetadata {
+                    r#type: 2,
+                    metric_family_name: "temp_celsius".into(),
+                    help: String::new(),
+                    unit: "celsius".into(),
+                },
+            ],
+        }
+        .encode_to_vec();
+        store.record(&body, None);
+        store
+    }
+
+    fn rendered(store: &ExpositionStore, format: Format) -> String {
+        let held = store.collect(|_, _| true);
+        let mut out = Vec::new();
+        render(&held, &store.families(), format, None, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn text_004_names_counters_by_their_samples() {
+        let store = store_with_two_families();
+        assert_eq!(
+            rendered(&store, Format::Text004),
+            "# HELP req_total Requests.\n# TYPE req_total counter\nreq_total{a=\"b\\\"c\"} 5 1700000000000\n\
+             # TYPE temp_celsius gauge\ntemp_celsius 21.5 1700000000500\n"
+        );
+    }
+
+    #[test]
+    fn openmetrics_has_base_names_units_seconds_and_eof() {
+        let store = store_with_two_families();
+        assert_eq!(
+            rendered(&store, Format::OpenMetrics),
+            "# HELP req Requests.\n# TYPE req counter\nreq_total{a=\"b\\\"c\"} 5 1700000000\n\
+             # TYPE temp_celsius gauge\n# UNIT temp_celsius celsius\ntemp_celsius 21.5 1700000000.5\n# EOF\n"
+        );
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+            )),
+            Format::OpenMetrics
+        );
+        assert_eq!(Format::negotiate(None), Format::Text004);
+    }
+
+    #[test]
+    fn selectors_need_a_non_empty_matcher() {
+        assert!(Selector::parse("{job=\"x\"}").is_ok());
+        assert!(Selector::parse("up").is_ok());
+        assert!(Selector::parse("{a=~\".*\"}").is_err());
+        assert!(Selector::parse("rate(x[5m])").is_err());
+    }
+}
