@@ -598,10 +598,25 @@ mod tests {
         }
         assert!(s.len() <= SHARDS, "{}", s.len());
         assert!(s.counts.evicted.load(Ordering::Relaxed) >= 200 - SHARDS as u64);
-        // The survivors are recent ones.
-        for (labels, ts, _) in values(&s) {
-            assert!(ts >= 100, "{labels} at {ts} survived 100 newer series");
+        // Least recently updated per shard: the survivors are the newest series of each
+        // shard the 200 fell into.
+        let key = |i: i64| {
+            let mut k = Vec::new();
+            for part in ["__name__", "m", "instance", &format!("i{i}")] {
+                k.extend_from_slice(part.as_bytes());
+                k.push(KEY_SEP);
+            }
+            k
+        };
+        let mut newest = [None::<i64>; SHARDS];
+        for i in 0..200 {
+            newest[s.shard_of(&key(i))] = Some(i);
         }
+        let mut want: Vec<i64> = newest.iter().flatten().copied().collect();
+        want.sort();
+        let mut got: Vec<i64> = values(&s).into_iter().map(|(_, ts, _)| ts).collect();
+        got.sort();
+        assert_eq!(got, want);
     }
 
     #[test]
