@@ -55,22 +55,6 @@ fn plain(status: StatusCode, line: &str) -> Response {
         .into_response()
 }
 
-fn authorized(token: &str, headers: &HeaderMap) -> bool {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim_start().split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim());
-    given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    })
-}
-
 /// The output format a scrape asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -182,7 +166,7 @@ async fn federate(
         );
     };
     if let Some(token) = &snap.ingest_token
-        && !authorized(token, &headers)
+        && !crate::query::bearer_token_matches(token, &headers)
     {
         let mut r = plain(
             StatusCode::UNAUTHORIZED,

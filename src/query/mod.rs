@@ -375,20 +375,7 @@ async fn admit(
         ));
     };
     if let Some(token) = &st.ingest_token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim_start().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim());
-        let ok = given.is_some_and(|g| {
-            g.len() == token.len()
-                && g.bytes()
-                    .zip(token.bytes())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        });
-        if !ok {
+        if !bearer_token_matches(token, &headers) {
             let mut r = api_error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -894,4 +881,22 @@ async fn buildinfo(
 ) -> Response {
     let call = admit_or_return!(live, Method::GET, headers, uri, Bytes::new(), "buildinfo");
     pass_through(&call, Method::GET, "/api/v1/status/buildinfo").await
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>` (compared in constant time):
+/// the `ingest_auth` check of the read endpoints (this API, `/federate`).
+pub fn bearer_token_matches(token: &str, headers: &HeaderMap) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    })
 }

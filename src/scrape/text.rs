@@ -120,6 +120,22 @@ fn is_name_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b':'
 }
 
+/// The first position from `i` that is not a space or tab (or `end`).
+fn skip_blanks(body: &[u8], mut i: usize, end: usize) -> usize {
+    while i < end && (body[i] == b' ' || body[i] == b'\t') {
+        i += 1;
+    }
+    i
+}
+
+/// The end of the word starting at `i`: the next space or tab (or `end`).
+fn word_end_at(body: &[u8], mut i: usize, end: usize) -> usize {
+    while i < end && body[i] != b' ' && body[i] != b'\t' {
+        i += 1;
+    }
+    i
+}
+
 fn text(body: &[u8], r: Range<usize>) -> Result<&str, String> {
     std::str::from_utf8(&body[r]).map_err(|_| "not UTF-8".to_string())
 }
@@ -154,18 +170,8 @@ fn parse_comment(
     end: usize,
     format: Format,
 ) -> Result<Line<'_>, String> {
-    let skip_ws = |mut i: usize| {
-        while i < end && (body[i] == b' ' || body[i] == b'\t') {
-            i += 1;
-        }
-        i
-    };
-    let word_end = |mut i: usize| {
-        while i < end && body[i] != b' ' && body[i] != b'\t' {
-            i += 1;
-        }
-        i
-    };
+    let skip_ws = |i: usize| skip_blanks(body, i, end);
+    let word_end = |i: usize| word_end_at(body, i, end);
     i = skip_ws(i);
     let kw_end = word_end(i);
     let kw = &body[i..kw_end];
@@ -336,18 +342,8 @@ fn parse_sample(
             }
         }
     }
-    let skip_ws = |mut i: usize| {
-        while i < end && (body[i] == b' ' || body[i] == b'\t') {
-            i += 1;
-        }
-        i
-    };
-    let word_end = |mut i: usize| {
-        while i < end && body[i] != b' ' && body[i] != b'\t' {
-            i += 1;
-        }
-        i
-    };
+    let skip_ws = |i: usize| skip_blanks(body, i, end);
+    let word_end = |i: usize| word_end_at(body, i, end);
     let v_start = skip_ws(i);
     if v_start == i && i < end {
         return Err("expected a space before the value".into());
