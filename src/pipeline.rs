@@ -435,6 +435,31 @@ impl Pipeline {
         self.decode_raw(ws, protocol)
     }
 
+    /// [`Pipeline::decode_as`] for a body that was never compressed (a scrape's batch,
+    /// encoded in process): copied in, not decompressed; over `max_decoded_bytes` it is
+    /// refused as a compressed body declaring that size would be.
+    pub fn decode_uncompressed_as(
+        &self,
+        ws: &mut Workspace,
+        raw: &[u8],
+        protocol: InputProtocol,
+    ) -> Result<usize, DecodeError> {
+        if raw.len() > self.limits.max_decoded_bytes {
+            return Err(DecodeError::DecodedTooLarge {
+                declared: raw.len(),
+                limit: self.limits.max_decoded_bytes,
+            });
+        }
+        ws.has_input_body = false;
+        ws.output_is_input = false;
+        ws.mapped_is_input = false;
+        ws.encoded.clear();
+        ws.raw.clear();
+        ws.raw.extend_from_slice(raw);
+        ws.raw_len = raw.len();
+        self.decode_raw(ws, protocol)
+    }
+
     /// Runs the pipeline on an uncompressed `WriteRequest` (used by `normalize`).
     pub fn process_raw(&self, ws: &mut Workspace, raw: &[u8]) -> Result<Processed, DecodeError> {
         self.process_raw_as(ws, raw, InputProtocol::V1)

@@ -486,21 +486,20 @@ pub async fn ingest_internal(live: &Live, raw: &[u8]) -> crate::scrape::Delivere
             Delivered::Rejected(why)
         }
     };
-    let compressed = match snap::raw::Encoder::new().compress_vec(raw) {
-        Ok(c) => c,
-        Err(e) => return Delivered::Rejected(format!("compressing: {e}")),
-    };
     let mut ticket = match st.budget.admit() {
         Ok(t) => t,
         Err(why) => return Delivered::Retry(format!("over the {} budget", budget_name(why))),
     };
-    if let Err(why) = ticket.reserve(compressed.len() + raw.len()) {
+    // The batch was encoded in process: it is decoded as it is, never compressed just
+    // to be decompressed again (the tap alone, when open, gets a compressed copy).
+    if let Err(why) = ticket.reserve(2 * raw.len()) {
         return Delivered::Retry(format!("over the {} budget", budget_name(why)));
     }
     let mut admitted = Admitted {
-        body: bytes::Bytes::from(compressed),
+        body: bytes::Bytes::copy_from_slice(raw),
         ticket,
         decoded_reserved: raw.len(),
+        uncompressed: true,
     };
     let headers = HeaderMap::new();
     let (processed, deliveries) = match process(&st, &headers, InputProtocol::V1, &mut admitted) {
@@ -510,12 +509,11 @@ pub async fn ingest_internal(live: &Live, raw: &[u8]) -> crate::scrape::Delivere
             return retry_or_reject(status, format!("answered {status}"));
         }
     };
-    tap::offer(
-        live,
-        &admitted.body,
-        InputProtocol::V1,
-        st.max_decoded_bytes,
-    );
+    if tap::is_open(live) {
+        if let Ok(compressed) = snap::raw::Encoder::new().compress_vec(raw) {
+            tap::offer(live, &compressed, InputProtocol::V1, st.max_decoded_bytes);
+        }
+    }
     let Admitted { body, ticket, .. } = admitted;
     drop(body);
     let resp = forward(&st, &headers, InputProtocol::V1, &processed, &deliveries).await;
@@ -534,6 +532,8 @@ struct Admitted {
     ticket: budget::Ticket,
     /// The decoded size the body declares, reserved for the request's lifetime.
     decoded_reserved: usize,
+    /// `body` is an uncompressed `WriteRequest` encoded in process (a scrape's batch).
+    uncompressed: bool,
 }
 
 /// Checks auth and headers, reads the body within the budget and reserves its declared
@@ -626,6 +626,7 @@ async fn admit(
             body: bytes,
             ticket,
             decoded_reserved,
+            uncompressed: false,
         },
     ))
 }
@@ -644,10 +645,13 @@ fn process(
     // Decoding resolves 2.0's label references to spans only; what the output will
     // hold with them spelled out is reserved before it is built (a small 2.0 request
     // can refer to one large symbol many times). Over `max_decoded_bytes` it is a 413.
-    let expanded = st
-        .pipeline
-        .decode_as(&mut ws, &admitted.body, protocol)
-        .map_err(IngestError::Invalid)?;
+    let expanded = if admitted.uncompressed {
+        st.pipeline
+            .decode_uncompressed_as(&mut ws, &admitted.body, protocol)
+    } else {
+        st.pipeline.decode_as(&mut ws, &admitted.body, protocol)
+    }
+    .map_err(IngestError::Invalid)?;
     admitted
         .ticket
         .reserve(expanded.saturating_sub(admitted.decoded_reserved))

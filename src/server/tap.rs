@@ -129,6 +129,11 @@ pub struct TapBusy;
 
 /// The request path's hook: one atomic load unless a tap is open.
 #[inline]
+/// Whether a tap session is waiting for requests (what [`offer`] checks first).
+pub fn is_open(live: &Live) -> bool {
+    live.tap().open.load(Ordering::Relaxed)
+}
+
 pub fn offer(live: &Live, body: &[u8], protocol: InputProtocol, max_decoded: usize) {
     if live.tap().open.load(Ordering::Relaxed) {
         live.tap().look(body, protocol, max_decoded);

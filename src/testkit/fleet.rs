@@ -92,7 +92,13 @@ impl Default for FleetShape {
 /// `count` snappy-compressed request bodies of the default fleet on the fixed clock
 /// [`FIXED_END_MS`]: the payloads of the zero-allocation test and the benches.
 pub fn request_bodies(mode: Mode, count: usize) -> Vec<Vec<u8>> {
-    let fleet = Fleet::build(&FleetShape::default(), FIXED_END_MS);
+    request_bodies_of(&FleetShape::default(), mode, count)
+}
+
+/// [`request_bodies`] of a fleet of another shape (a wider one for the `/federate`
+/// benchmark: about 940 series per node).
+pub fn request_bodies_of(shape: &FleetShape, mode: Mode, count: usize) -> Vec<Vec<u8>> {
+    let fleet = Fleet::build(shape, FIXED_END_MS);
     let series_per_request = mode.series_per_request();
     let start_ms = fleet.start_ms(FIXED_END_MS, count, series_per_request, DEFAULT_INTERVAL_MS);
     let mut requests = fleet.requests(series_per_request, start_ms, DEFAULT_INTERVAL_MS);
@@ -868,6 +874,70 @@ impl Fleet {
     /// Distinct metric names (`_bucket`, `_sum` and `_count` each count).
     pub fn family_count(&self) -> usize {
         self.families.len()
+    }
+
+    /// What one engine pod's `/metrics` would answer at `t_ms`: the first `series` series
+    /// of the fleet (all of them, round after round with a `replica` label, when it has
+    /// fewer) in text format 0.0.4, grouped by metric name, without the `job` and
+    /// `instance` labels a scraper adds. The body of the scrape benchmarks' targets.
+    pub fn exposition(&self, series: usize, t_ms: i64) -> String {
+        let all: Vec<&Series> = self.targets.iter().flatten().collect();
+        if all.is_empty() {
+            return String::new();
+        }
+        let mut picked: Vec<(usize, &Series)> = (0..series)
+            .map(|i| (i / all.len(), all[i % all.len()]))
+            .collect();
+        let name = |s: &Series| {
+            s.labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .map_or(String::new(), |l| l.value.clone())
+        };
+        picked.sort_by_cached_key(|(_, s)| name(s));
+        let t_s = t_ms as f64 / 1000.0;
+        let mut out = String::with_capacity(series * 160);
+        for (replica, s) in picked {
+            out.push_str(&name(s));
+            let mut sep = '{';
+            let labels = s
+                .labels
+                .iter()
+                .filter(|l| !matches!(l.name.as_str(), "__name__" | "job" | "instance"));
+            for l in labels {
+                out.push(sep);
+                sep = ',';
+                out.push_str(&l.name);
+                out.push_str("=\"");
+                for c in l.value.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '"' => out.push_str("\\\""),
+                        '\n' => out.push_str("\\n"),
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+            }
+            if replica > 0 {
+                out.push(sep);
+                sep = ',';
+                out.push_str(&format!("replica=\"{replica}\""));
+            }
+            if sep == ',' {
+                out.push('}');
+            }
+            let v = s.value.at(t_s);
+            out.push(' ');
+            match v {
+                v if v.is_nan() => out.push_str("NaN"),
+                f64::INFINITY => out.push_str("+Inf"),
+                f64::NEG_INFINITY => out.push_str("-Inf"),
+                v => out.push_str(&v.to_string()),
+            }
+            out.push('\n');
+        }
+        out
     }
 
     /// Rounds of the fleet that `count` requests of `series_per_request` cover.

@@ -181,3 +181,46 @@ fn histogram_buckets_are_cumulative() {
         }
     }
 }
+
+#[test]
+fn exposition_is_one_scrape_of_distinct_series() {
+    use promnorm::scrape::text::{self, Format, Line, SampleLine};
+    let fleet = Fleet::build(&FleetShape::default(), fleet::FIXED_END_MS);
+    // More series than the fleet holds: the rest repeat with a `replica` label.
+    let want = fleet.series_count() + 500;
+    let body = fleet.exposition(want, fleet::FIXED_END_MS);
+    let mut line = SampleLine::default();
+    let (mut series, mut names) = (BTreeSet::new(), Vec::<String>::new());
+    text::parse(body.as_bytes(), Format::Text004, &mut line, |kind, s| {
+        if let Line::Sample = kind {
+            let b = body.as_bytes();
+            let name = String::from_utf8_lossy(&b[s.name.clone()]).into_owned();
+            let labels: Vec<(String, String)> = s
+                .labels
+                .iter()
+                .map(|(n, v)| {
+                    let n = String::from_utf8_lossy(&b[n.clone()]).into_owned();
+                    (n, String::from_utf8_lossy(s.resolve(b, v)).into_owned())
+                })
+                .collect();
+            assert!(
+                !labels.iter().any(|(n, _)| n == "job" || n == "instance"),
+                "{name}: target labels belong to the scraper"
+            );
+            assert!(s.value.is_finite(), "{name}");
+            if names.last() != Some(&name) {
+                assert!(!names.contains(&name), "{name}: not grouped");
+                names.push(name.clone());
+            }
+            series.insert((name, labels));
+        }
+        Ok(())
+    })
+    .expect("the exposition parses");
+    assert_eq!(series.len(), want, "distinct series");
+    assert!(
+        series
+            .iter()
+            .any(|(_, l)| l.iter().any(|(n, _)| n == "replica"))
+    );
+}

@@ -22,6 +22,9 @@
 //! The load process and the sink share one core (`taskset` the harness itself); the
 //! sink decodes each body to count samples (`--sink-count requests` skips that).
 
+#[path = "../bench_scrape.rs"]
+mod bench_scrape;
+
 use promnorm::testkit::fleet;
 
 use std::collections::BTreeMap;
@@ -73,6 +76,16 @@ enum Cmd {
     },
     /// Markdown table of per-case medians of results files
     Report { files: Vec<PathBuf> },
+    /// Serve scrape targets and a null sink, start the SUT scraping them, append JSON
+    /// results (CPU per million scraped samples)
+    Scrape(Box<bench_scrape::ScrapeArgs>),
+    /// Markdown table of per-case medians of `scrape` results files
+    ScrapeReport {
+        files: Vec<PathBuf>,
+        /// Case whose CPU per million samples the others are compared with
+        #[arg(long)]
+        baseline: Option<String>,
+    },
     /// The in-process pipeline alone (decode, rules, derive, encode, compress) over the
     /// fleet requests: CPU time per sample of this thread, so that other processes'
     /// load inflates it less than wall-clock time (for A/B runs on a busy machine)
@@ -139,6 +152,9 @@ struct LoadArgs {
     /// Distinct requests generated (sent round robin)
     #[arg(long, default_value_t = 100)]
     count: usize,
+    /// vLLM nodes and SGLang nodes of the fleet, each (about 940 series a node)
+    #[arg(long, default_value_t = 16)]
+    nodes: usize,
     /// Connections (each one request in flight)
     #[arg(long, short = 'c', default_value_t = 8)]
     connections: usize,
@@ -208,6 +224,13 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Report { files } => report(&files),
+        Cmd::Scrape(args) => {
+            pin_self(&args.load_cpu)?;
+            runtime()?.block_on(bench_scrape::scrape_run(*args))
+        }
+        Cmd::ScrapeReport { files, baseline } => {
+            bench_scrape::scrape_report(&files, baseline.as_deref())
+        }
         Cmd::Pipeline {
             config,
             rounds,
@@ -308,7 +331,12 @@ fn generate(load: &LoadArgs) -> anyhow::Result<Bodies> {
         ModeArg::Default => fleet::Mode::Default,
         ModeArg::Large => fleet::Mode::Large,
     };
-    let v1 = fleet::request_bodies(mode, load.count);
+    let shape = fleet::FleetShape {
+        vllm_nodes: load.nodes,
+        sglang_nodes: load.nodes,
+        ..fleet::FleetShape::default()
+    };
+    let v1 = fleet::request_bodies_of(&shape, mode, load.count);
     let mut list = Vec::with_capacity(v1.len());
     let mut samples = 0u64;
     let mut decoder = snap::raw::Decoder::new();
@@ -396,6 +424,7 @@ fn pipeline_cost(
         proto,
         mode,
         count,
+        nodes: 16,
         connections: 1,
         duration: 0.0,
         warmup: 0.0,
@@ -1141,19 +1170,38 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 async fn start_sut(args: &RunArgs, sink_url: &str) -> anyhow::Result<Sut> {
+    start_sut_with(
+        &args.sut_cmd,
+        &args.sut_cpu,
+        &args.ready_path,
+        sink_url,
+        |_| Ok(()),
+    )
+    .await
+}
+
+/// Starts `cmd_template` with {port} {sink_url} {tmp} filled in; `prepare` gets the run's
+/// temporary directory first (to write files the command reads).
+async fn start_sut_with(
+    cmd_template: &str,
+    sut_cpu: &str,
+    ready_path: &str,
+    sink_url: &str,
+    prepare: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
+) -> anyhow::Result<Sut> {
     let port = free_port()?;
     let dir = std::env::temp_dir().join(format!("promnorm-bench-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let cmd = args
-        .sut_cmd
+    prepare(&dir)?;
+    let cmd = cmd_template
         .replace("{port}", &port.to_string())
         .replace("{sink_url}", sink_url)
         .replace("{tmp}", &dir.to_string_lossy());
     let log = std::fs::File::create(dir.join("sut.log"))?;
     // `exec` all the way down: the PID we hold is the SUT's own (CPU and RSS are its).
-    let mut command = if !args.sut_cpu.is_empty() && has_taskset() {
+    let mut command = if !sut_cpu.is_empty() && has_taskset() {
         let mut c = Command::new("taskset");
-        c.args(["-c", &args.sut_cpu, "sh", "-c", &format!("exec {cmd}")]);
+        c.args(["-c", sut_cpu, "sh", "-c", &format!("exec {cmd}")]);
         c
     } else {
         let mut c = Command::new("sh");
@@ -1167,7 +1215,7 @@ async fn start_sut(args: &RunArgs, sink_url: &str) -> anyhow::Result<Sut> {
         .spawn()
         .with_context(|| format!("starting {cmd}"))?;
     let mut sut = Sut { child, port, dir };
-    let ready = format!("http://127.0.0.1:{port}{}", args.ready_path);
+    let ready = format!("http://127.0.0.1:{port}{ready_path}");
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = sut.child.try_wait() {
@@ -1561,6 +1609,7 @@ mod tests {
             proto,
             mode: ModeArg::Default,
             count: 2,
+            nodes: 16,
             connections: 1,
             duration: 0.0,
             warmup: 0.0,
