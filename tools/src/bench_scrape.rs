@@ -317,7 +317,9 @@ pub(crate) fn scrape_report(files: &[PathBuf], baseline: Option<&str>) -> anyhow
                 .map_or(vec![], |rs| rs.iter().map(f).collect()),
         )
     };
-    let base = baseline.map(|b| med(b, &|r| r.cpu_s_per_m));
+    let base = baseline
+        .map(|b| med(b, &|r| r.cpu_s_per_m))
+        .filter(|b| b.is_finite());
     println!(
         "| case | runs | targets × series | scrapes / expected | CPU-s per M samples | \
          share of baseline | SUT cores | peak RSS MB | sink samples / scraped | other CPU |"
