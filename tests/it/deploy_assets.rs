@@ -919,7 +919,11 @@ fn kubernetes_manifests_parse_and_agree() {
 
     // Kustomizations: the base (Deployment, HPA, common/), common/, statefulset/ (common/
     // without the Deployment); the sidecar example stands alone.
-    let root_listed = check_kustomization(&manifests, "", &["prometheus-operator-sidecar.yaml"]);
+    let root_listed = check_kustomization(
+        &manifests,
+        "",
+        &["prometheus-operator-sidecar.yaml", "engine-sidecar.yaml"],
+    );
     assert!(
         root_listed.contains(&"common".to_string()),
         "kustomization.yaml: common"
@@ -1634,4 +1638,108 @@ async fn dynamo_row_returns_data_for_a_real_frontend_through_promnorm() {
         !ttft_p50.is_empty() && ttft_p50.iter().all(|v| (1.0..=2.2).contains(v)),
         "TTFT median: {ttft_p50:?}"
     );
+}
+
+#[test]
+fn engine_sidecar_scrapes_its_engine_on_localhost() {
+    let manifests = kubernetes_manifests();
+    let file = "engine-sidecar.yaml";
+    let cm = doc(&manifests, file, "ConfigMap");
+    let cfg = configmap_config(cm, file);
+    let cm_name = cm["metadata"]["name"].as_str().unwrap_or_default();
+    let workload = doc(&manifests, file, "Deployment");
+    let pod = &workload["spec"]["template"]["spec"];
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    assert!(
+        grace > cfg.shutdown_timeout.as_secs(),
+        "{file}: terminationGracePeriodSeconds must exceed shutdown_timeout"
+    );
+    let container = |name: &str| {
+        pod["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("{file}: no {name} container"))
+    };
+    let port_name = check_container(
+        file,
+        container("promnorm"),
+        &pod["securityContext"],
+        &pod["volumes"],
+        cm_name,
+        &cfg,
+    );
+    assert!(cfg.listen.starts_with("0.0.0.0:"), "{file}: listen");
+
+    // The init container writes a file_sd file where the sidecar looks for one, naming
+    // the engine's port on localhost and the pod as `instance`.
+    let scrape = cfg.scrape.as_ref().expect("scrape: configured");
+    assert!(
+        scrape.targets.is_empty(),
+        "{file}: targets come from file_sd"
+    );
+    let pattern = scrape.file_sd.first().expect("a file_sd pattern");
+    let init = &pod["initContainers"][0];
+    let script = strings(&init["command"]).join(" ");
+    let written = script
+        .rsplit_once("> ")
+        .map(|(_, path)| path.trim())
+        .unwrap_or_else(|| panic!("{file}: the init container writes no file: {script}"));
+    let (dir, glob) = pattern.rsplit_once('/').expect("a directory");
+    let (wdir, wname) = written.rsplit_once('/').expect("a directory");
+    assert_eq!(
+        dir, wdir,
+        "{file}: the init container writes where file_sd looks"
+    );
+    assert!(
+        promnorm::scrape::sd::glob_match(glob, wname),
+        "{file}: {wname} does not match {glob}"
+    );
+    for (c, what) in [(init, "init container"), (container("promnorm"), "sidecar")] {
+        assert!(
+            c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["mountPath"] == dir),
+            "{file}: the {what} does not mount {dir}"
+        );
+    }
+    let format = script
+        .split('\'')
+        .nth(1)
+        .unwrap_or_else(|| panic!("{file}: no printf format in {script}"));
+    let groups: Value = serde_json::from_str(&format.replace("%s", "vllm-0").replace("\\n", ""))
+        .unwrap_or_else(|e| panic!("{file}: the file_sd written is not JSON: {e}"));
+    let engine_port = container("vllm")["ports"][0]["containerPort"]
+        .as_u64()
+        .expect("the engine's port");
+    assert_eq!(
+        groups[0]["targets"][0],
+        format!("127.0.0.1:{engine_port}"),
+        "{file}: the sidecar scrapes its engine"
+    );
+    assert_eq!(
+        groups[0]["labels"]["instance"], "vllm-0",
+        "{file}: per-pod instance"
+    );
+    let env: Vec<&str> = init["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].as_str())
+        .collect();
+    assert!(
+        env.contains(&"metadata.name"),
+        "{file}: the pod name from the downward API"
+    );
+
+    // Collectors that pull find /federate at the sidecar's port.
+    assert!(cfg.exposition.is_some(), "{file}: exposition is on");
+    let ann = &workload["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/path"], "/federate");
+    let port = listen_port(&cfg).to_string();
+    assert_eq!(ann["prometheus.io/port"], port.as_str());
+    assert_eq!(port_name, "promnorm");
 }
