@@ -185,15 +185,7 @@ pub(crate) async fn scrape_run(args: ScrapeArgs) -> anyhow::Result<()> {
         let r = result?;
         let line = serde_json::to_string(&r)?;
         if let Some(path) = &args.results {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("{}", path.display()))?;
-            writeln!(f, "{line}")?;
+            append_line(path, &line)?;
         }
         eprintln!(
             "[bench] {} run {run}: {} scrapes of {:.0} expected, SUT {:.3} cores, \

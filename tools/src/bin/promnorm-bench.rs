@@ -1105,15 +1105,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let r = one_run(&args, &bodies, &sink, &sink_url, i).await?;
         let line = serde_json::to_string(&r)?;
         if let Some(path) = &args.results {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("{}", path.display()))?;
-            writeln!(f, "{line}")?;
+            append_line(path, &line)?;
         }
         eprintln!(
             "[bench] {} run {i}: {:.0} samples/s (sink {:.0}/s), SUT {:.2} cores, {:.3} CPU-s/M, \
@@ -1132,6 +1124,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         println!("{line}");
     }
+    Ok(())
+}
+
+/// Appends one line to a results file, creating it and its directory when missing.
+fn append_line(path: &std::path::Path, line: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("{}", path.display()))?;
+    writeln!(f, "{line}")?;
     Ok(())
 }
 
