@@ -186,6 +186,9 @@ impl Assemble for Config {
         if self.metadata_total_fix {
             p = p.with_metadata_total_fix();
         }
+        p = p.with_guard(std::sync::Arc::new(crate::guard::Guard::new(
+            guard_options(self),
+        )));
         Ok(p)
     }
 
@@ -600,6 +603,34 @@ fn parse_file_sd(text: &str) -> Result<Vec<crate::scrape::sd::TargetGroup>, Stri
         .collect())
 }
 
+/// The cardinality guard's settings (`limits.*`, and the tenancy it counts tenants by:
+/// `Config::guard_tenancy`).
+pub fn guard_options(cfg: &Config) -> crate::guard::GuardOptions {
+    let l = &cfg.limits;
+    let tenancy = cfg.guard_tenancy();
+    crate::guard::GuardOptions {
+        max_series_per_metric: l.max_series_per_metric,
+        max_series_per_tenant: l.max_series_per_tenant,
+        window: l.active_series_window,
+        series_max_labels: l.series_max_labels,
+        series_max_label_value_bytes: l.series_max_label_value_bytes.as_usize(),
+        max_tracked_series: l.max_tracked_series,
+        overrides: l
+            .tenant_overrides
+            .iter()
+            .map(|(t, o)| {
+                (
+                    t.as_bytes().into(),
+                    (o.max_series_per_metric, o.max_series_per_tenant),
+                )
+            })
+            .collect(),
+        tenant_label: tenancy.map(|t| t.label.as_bytes().into()),
+        tenant_default: tenancy.and_then(|t| t.default.as_deref().map(|d| d.as_bytes().into())),
+        tenant_header: tenancy.map(|t| t.header.clone()),
+    }
+}
+
 /// The exposition sink: the previous parts' one (its series kept, its options
 /// replaced) or a new one.
 fn exposition_store(
@@ -809,6 +840,11 @@ pub fn build(cfg: &Config, previous: Option<&Running>) -> Result<Running, BuildE
             kept.derived_state = true;
         }
         pipeline = pipeline.with_counter_families_of(&old.pipeline);
+        // The active series stay counted across a reload; the new limits apply to them.
+        if let Some(g) = old.pipeline.guard() {
+            g.reconfigure(guard_options(&cfg));
+            pipeline = pipeline.with_guard(g.clone());
+        }
     }
     // The same backends serve every configuration that keeps them.
     let forwarder = Forwarder::new(backends.iter().map(|b| b.backend.clone()).collect())

@@ -14,6 +14,7 @@ pub mod explain;
 pub mod exposition;
 pub mod federate;
 pub mod forward;
+pub mod guard;
 pub mod mapping;
 pub mod migrate;
 pub mod normalize;

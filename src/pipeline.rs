@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::derive::{DeriveScratch, Deriver};
+use crate::guard::{Guard, GuardScratch};
 use crate::mapping::unroll::{Unrolled, Unroller};
 use crate::mapping::{CounterFamilies, MapContext, MapOutcome, MapStats, Mapper, Rules};
 use crate::wire::bodies::BodyEncoder;
@@ -76,6 +77,11 @@ pub struct Workspace {
     unroller: Unroller,
     classic: Vec<u8>,
     unrolled: Unrolled,
+    guard: GuardScratch,
+    /// The request's tenant header, for the cardinality guard's series without a
+    /// tenant label ([`Workspace::set_sender_tenant`]).
+    sender_tenant: Vec<u8>,
+    has_sender_tenant: bool,
 }
 
 /// What routing the last request's output needs from a workspace (see
@@ -133,6 +139,17 @@ impl Workspace {
             + self.strip.retained_bytes()
             + self.unroller.retained_bytes()
             + self.derive_scratch.retained_bytes()
+            + self.guard.retained_bytes()
+            + self.sender_tenant.capacity()
+    }
+
+    /// The sender's tenant (its tenancy header) for the next request.
+    pub fn set_sender_tenant(&mut self, tenant: Option<&[u8]>) {
+        self.sender_tenant.clear();
+        self.has_sender_tenant = tenant.is_some();
+        if let Some(t) = tenant {
+            self.sender_tenant.extend_from_slice(t);
+        }
     }
 
     /// Frees the per-request buffers an outlier request grew, keeping the warm name
@@ -235,6 +252,7 @@ pub struct Pipeline {
     metadata_memory: RwLock<MetadataMemory>,
     limits: PipelineLimits,
     pool: Mutex<Pool>,
+    guard: Option<Arc<Guard>>,
 }
 
 /// Idle workspaces, and what they hold all together.
@@ -257,6 +275,7 @@ impl Pipeline {
             metadata_memory: RwLock::new(MetadataMemory::default()),
             limits,
             pool: Mutex::new(Pool::default()),
+            guard: None,
         }
     }
 
@@ -264,6 +283,16 @@ impl Pipeline {
     pub fn with_deriver(mut self, deriver: Arc<Deriver>) -> Self {
         self.deriver = Some(deriver);
         self
+    }
+
+    /// Adds the cardinality guard: the mapped series pass its limits before encoding.
+    pub fn with_guard(mut self, guard: Arc<Guard>) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    pub fn guard(&self) -> Option<&Arc<Guard>> {
+        self.guard.as_ref()
     }
 
     /// Turns on the metadata `_total` fix: COUNTER families no pack knows get `_total`.
@@ -520,6 +549,20 @@ impl Pipeline {
         if let Some(d) = &self.deriver {
             d.observe(&ws.mapper, input, &mut ws.derive_scratch);
         }
+        if let Some(g) = &self.guard {
+            let mapped = mapped_body(&ws.encoded, &ws.raw[..ws.raw_len], ws.mapped_is_input);
+            let sender = ws.has_sender_tenant.then_some(&ws.sender_tenant[..]);
+            let left_out = g.filter(mapped, sender, &mut ws.guard)?;
+            if left_out.series > 0 {
+                std::mem::swap(&mut ws.encoded, &mut ws.guard.out);
+                ws.mapped_is_input = false;
+                let stats = &mut ws.mapper.stats;
+                stats.series_out = stats.series_out.saturating_sub(left_out.series as u64);
+                stats.samples_out = stats.samples_out.saturating_sub(left_out.samples);
+                stats.histograms_out = stats.histograms_out.saturating_sub(left_out.histograms);
+            }
+        }
+        ws.has_sender_tenant = false;
         ws.unrolled = Unrolled::default();
         if ws.decoded.has_nhcb {
             ws.unrolled = ws.unroller.unroll(

@@ -425,6 +425,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Query API requests answered without the upstream's answer, by reason: timeout, too_large, unavailable, busy (query.max_concurrent).",
     ),
     (
+        CARDINALITY_TRACKED,
+        Kind::Gauge,
+        "Active series the cardinality guard tracks (limits.max_tracked_series at most; fewer than active when /api/v1/cardinality says estimated).",
+    ),
+    (
+        CARDINALITY_BYTES,
+        Kind::Gauge,
+        "Bytes the cardinality guard's tables hold (series, metrics, tenants, label sketches), estimated from their capacities.",
+    ),
+    (
         EXPOSITION_SERIES,
         Kind::Gauge,
         "Series /federate serves now (exposition.max_series bounds them).",
@@ -482,6 +492,27 @@ pub const EXPOSITION_EXPIRED: &str = "promnorm_exposition_expired_series_total";
 pub const EXPOSITION_LEFT_OUT: &str = "promnorm_exposition_left_out_total";
 
 /// The exposition store's state, read at scrape time of `/metrics`.
+pub const CARDINALITY_TRACKED: &str = "promnorm_cardinality_tracked_series";
+pub const CARDINALITY_BYTES: &str = "promnorm_cardinality_tracker_bytes";
+
+/// The cardinality guard's tables, set at scrape time.
+pub fn cardinality_state(series: usize, bytes: usize) {
+    metrics::gauge!(CARDINALITY_TRACKED).set(series as f64);
+    metrics::gauge!(CARDINALITY_BYTES).set(bytes as f64);
+}
+
+/// Samples of series the cardinality guard left out (`reason`: the limit), by tenant
+/// under tenancy (the tenant label bounded as in [`tenant_label`]).
+pub fn series_limited(reason: &'static str, tenant: Option<&str>, n: u64) {
+    match tenant {
+        Some(t) => {
+            metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "tenant" => tenant_label(t))
+                .increment(n)
+        }
+        None => metrics::counter!(SAMPLES_DROPPED, "reason" => reason).increment(n),
+    }
+}
+
 pub fn exposition_state(series: usize, evicted: u64, expired: u64, native_left_out: u64) {
     metrics::gauge!(EXPOSITION_SERIES).set(series as f64);
     metrics::counter!(EXPOSITION_EVICTED).absolute(evicted);

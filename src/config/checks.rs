@@ -376,6 +376,43 @@ impl Config {
         Ok(())
     }
 
+    /// The cardinality guard's settings (docs/limits.md).
+    fn check_series_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        if l.active_series_window < Duration::from_secs(1) {
+            return Err(self.invalid_at(
+                "active_series_window",
+                &format!("{:?}", l.active_series_window),
+                "limits.active_series_window must be at least 1s",
+            ));
+        }
+        if l.max_tracked_series == 0 {
+            return Err(self.invalid_at(
+                "max_tracked_series",
+                "0",
+                "limits.max_tracked_series must be positive",
+            ));
+        }
+        if !l.tenant_overrides.is_empty() && self.guard_tenancy().is_none() {
+            return Err(self.invalid_at(
+                "tenant_overrides",
+                "",
+                "limits.tenant_overrides needs tenancy (a global `tenancy`, or one on a backend): without it every series is one tenant's",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tenant routing the cardinality guard counts tenants by: the global `tenancy`,
+    /// else the first backend's own.
+    pub fn guard_tenancy(&self) -> Option<&TenancyConfig> {
+        self.tenancy.as_ref().filter(|t| t.enabled).or_else(|| {
+            self.backends
+                .iter()
+                .find_map(|b| b.effective_tenancy(self.tenancy.as_ref()))
+        })
+    }
+
     /// A tenancy block: a label name, a header promnorm may set, a default that can be
     /// a header value.
     fn check_tenancy(&self, owner: &str, t: &TenancyConfig) -> Result<(), ConfigError> {
@@ -566,6 +603,7 @@ impl Config {
                 "limits.max_concurrent_requests must be positive",
             ));
         }
+        self.check_series_limits()?;
         if let Some(tls) = &self.server.tls {
             self.check_server_tls(tls)?;
         }

@@ -387,6 +387,36 @@ pub struct Limits {
     /// Tenants with a `tenant` label value of their own in promnorm's per-tenant
     /// metrics; later ones, and tenants longer than 256 bytes, are counted as `other`.
     pub max_tenants_in_metrics: usize,
+    /// Active series per metric name (per tenant under tenancy); a new series past it
+    /// is left out, the rest of its request goes on (docs/limits.md). `0`: off.
+    pub max_series_per_metric: usize,
+    /// Active series per tenant (all series without tenancy); `0`: off.
+    pub max_series_per_tenant: usize,
+    /// A series is active while it had a sample within this window.
+    #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
+    pub active_series_window: Duration,
+    /// A series with more labels is left out, the rest of its request goes on. `0`: off.
+    pub series_max_labels: usize,
+    /// A series with a longer label value is left out, the rest goes on. `0`: off.
+    pub series_max_label_value_bytes: ByteSize,
+    /// Series the cardinality tracker holds at most (about 40 bytes each). With a
+    /// series limit on, a new series past it is left out (`reason="max_tracked_series"`);
+    /// without one, the cardinality view samples series beyond it.
+    pub max_tracked_series: usize,
+    /// Per-tenant limits replacing `max_series_per_metric` and `max_series_per_tenant`
+    /// for that tenant (the tenant as `tenancy` names it).
+    pub tenant_overrides: std::collections::BTreeMap<String, TenantLimits>,
+}
+
+/// `limits.tenant_overrides.<tenant>`: the series limits of one tenant; a key left out
+/// keeps the global value.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimits {
+    /// This tenant's `limits.max_series_per_metric`.
+    pub max_series_per_metric: Option<usize>,
+    /// This tenant's `limits.max_series_per_tenant`.
+    pub max_series_per_tenant: Option<usize>,
 }
 
 impl Default for Limits {
@@ -401,6 +431,13 @@ impl Default for Limits {
             max_inflight_bytes: AutoSize::Auto,
             max_concurrent_requests: 1024,
             max_tenants_in_metrics: 100,
+            max_series_per_metric: 0,
+            max_series_per_tenant: 0,
+            active_series_window: Duration::from_secs(600),
+            series_max_labels: 0,
+            series_max_label_value_bytes: ByteSize(0),
+            max_tracked_series: 1_000_000,
+            tenant_overrides: Default::default(),
         }
     }
 }

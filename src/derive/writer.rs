@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 use super::{Deriver, Emitted};
 use crate::forward::{Backend, Delivery, Forwarder, Mapped, Outcome, RetryPolicy};
+use crate::guard::{Guard, GuardScratch};
 use crate::telemetry;
 use crate::wire::bodies::BodyEncoder;
 use crate::wire::split::TenantSplit;
@@ -30,6 +31,9 @@ pub struct Writer {
     bodies: BodyEncoder,
     deliveries: Vec<Delivery>,
     backoff_base: Duration,
+    /// The cardinality guard derived series pass like the sender's.
+    guard: Option<Arc<Guard>>,
+    guard_scratch: GuardScratch,
 }
 
 impl Writer {
@@ -44,7 +48,15 @@ impl Writer {
             bodies: BodyEncoder::default(),
             deliveries: Vec::new(),
             backoff_base: RetryPolicy::default().first_backoff,
+            guard: None,
+            guard_scratch: GuardScratch::default(),
         }
+    }
+
+    /// Derived series count against the cardinality limits like any other series.
+    pub fn with_guard(mut self, guard: Option<Arc<Guard>>) -> Self {
+        self.guard = guard;
+        self
     }
 
     /// Runs until `stop` is notified, then flushes once more.
@@ -96,13 +108,27 @@ impl Writer {
             self.encoded.clear();
             self.deriver
                 .encode(chunk, &mut self.encoded, &mut self.scratch);
+            let mut samples = chunk.len() as u64;
+            if let Some(g) = &self.guard {
+                match g.filter(&self.encoded, None, &mut self.guard_scratch) {
+                    Ok(left_out) if left_out.series > 0 => {
+                        std::mem::swap(&mut self.encoded, &mut self.guard_scratch.out);
+                        samples = samples.saturating_sub(left_out.samples);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "checking derived series' limits"),
+                }
+                if self.encoded.is_empty() {
+                    continue;
+                }
+            }
             // Derived series carry their inputs' labels, the tenant label too: tenant
             // routing sends them to their inputs' tenant.
             let mapped = Mapped {
                 body: &self.encoded,
                 has_start_timestamps: false,
                 v1: None,
-                samples: chunk.len() as u64,
+                samples,
                 memory: None,
                 // The deriver writes series only.
                 metadata_in_body: false,

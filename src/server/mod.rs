@@ -1,6 +1,7 @@
 //! The HTTP server: remote-write ingest, own telemetry, health and readiness.
 
 pub mod budget;
+mod cardinality;
 pub mod listener;
 pub mod live;
 mod negotiate;
@@ -155,7 +156,8 @@ impl AppState {
     /// runtime. Stop it with [`AppState::stop_background`].
     pub fn spawn_background(&self) -> Option<tokio::task::JoinHandle<()>> {
         let deriver = self.pipeline.deriver()?.clone();
-        let writer = Writer::new(deriver, self.forwarder.clone());
+        let writer =
+            Writer::new(deriver, self.forwarder.clone()).with_guard(self.pipeline.guard().cloned());
         Some(tokio::spawn(
             writer.run(self.derived_flush, self.derived_stop.clone()),
         ))
@@ -177,6 +179,10 @@ impl AppState {
 
     /// Sets the gauges read at scrape time.
     fn update_gauges(&self) {
+        if let Some(g) = self.pipeline.guard() {
+            let (series, bytes) = g.tracked();
+            telemetry::cardinality_state(series, bytes);
+        }
         if let Some(x) = self.forwarder.exposition() {
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
             telemetry::exposition_state(
@@ -218,6 +224,7 @@ pub fn router_live(live: Arc<Live>, write_paths: &[String]) -> Router {
     let mut r = Router::new()
         .route("/metrics", get(metrics))
         .route("/api/v1/renames", get(renames))
+        .route("/api/v1/cardinality", get(cardinality::cardinality))
         .route("/-/healthy", get(|| async { "promnorm is healthy.\n" }))
         .route("/-/ready", get(ready))
         .route("/-/reload", post(live::reload).put(live::reload));
@@ -642,6 +649,9 @@ fn process(
     // CPU work on pooled buffers; nothing borrowed from the workspace crosses an await.
     let mut ws = st.pipeline.workspace();
     ws.skip_v1_body = !st.forwarder.wants_whole_v1();
+    if let Some(g) = st.pipeline.guard() {
+        ws.set_sender_tenant(g.sender_tenant(headers));
+    }
     // Decoding resolves 2.0's label references to spans only; what the output will
     // hold with them spelled out is reserved before it is built (a small 2.0 request
     // can refer to one large symbol many times). Over `max_decoded_bytes` it is a 413.

@@ -8,6 +8,22 @@ use std::path::Path;
 /// Module → modules of the crate it must not import.
 const FORBIDDEN: &[(&str, &[&str])] = &[
     (
+        "guard",
+        &[
+            "config",
+            "mapping",
+            "derive",
+            "forward",
+            "pipeline",
+            "server",
+            "app",
+            "reload",
+            "normalize",
+            "explain",
+            "exposition",
+        ],
+    ),
+    (
         "scrape",
         &[
             "config",

@@ -1,0 +1,284 @@
+//! The active series: one table entry per series (a hash of its labels and tenant → the
+//! second it was last seen and its metric), and per tenant and metric the number of
+//! entries. Read-locked for the series a request already knows (their last-seen second
+//! is an atomic); write-locked to admit new series and to sweep the expired ones.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::sketch::LabelSketches;
+
+/// Metrics with label sketches at most, all tenants together (the rest show their
+/// series counts only): bounds the sketches to `MAX_SKETCHED * sketch::MAX_BYTES`.
+pub const MAX_SKETCHED: usize = 2048;
+
+/// The series table's keys are hashes already.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+pub struct Entry {
+    pub last_seen: AtomicU32,
+    pub metric: u32,
+}
+
+pub struct MetricSlot {
+    pub tenant: u32,
+    pub name: Box<[u8]>,
+    pub series: usize,
+    pub labels: Option<Mutex<LabelSketches>>,
+}
+
+pub struct TenantSlot {
+    pub name: Box<[u8]>,
+    pub series: usize,
+    pub metrics: HashMap<Box<[u8]>, u32>,
+}
+
+#[derive(Default)]
+pub struct Tables {
+    pub series: HashMap<u64, Entry, BuildHasherDefault<IdHasher>>,
+    pub metrics: Vec<Option<MetricSlot>>,
+    free_metrics: Vec<u32>,
+    pub tenants: Vec<Option<TenantSlot>>,
+    free_tenants: Vec<u32>,
+    tenant_index: HashMap<Box<[u8]>, u32>,
+    /// Series are tracked when their key's top `shift` bits are zero (a sample of
+    /// 2^-shift of them): only without limits, past `max_tracked_series`.
+    pub shift: u32,
+    sketched: usize,
+}
+
+impl Tables {
+    /// Whether a series with `key` is in the sample the table tracks.
+    #[inline]
+    pub fn sampled(&self, key: u64) -> bool {
+        self.shift == 0 || key >> (64 - self.shift) == 0
+    }
+
+    pub fn tenant(&self, name: &[u8]) -> Option<u32> {
+        self.tenant_index.get(name).copied()
+    }
+
+    pub fn tenant_series(&self, tenant: Option<u32>) -> usize {
+        tenant
+            .and_then(|t| self.tenants[t as usize].as_ref())
+            .map_or(0, |t| t.series)
+    }
+
+    pub fn metric(&self, tenant: Option<u32>, name: &[u8]) -> Option<u32> {
+        let t = self.tenants[tenant? as usize].as_ref()?;
+        t.metrics.get(name).copied()
+    }
+
+    pub fn metric_series(&self, metric: Option<u32>) -> usize {
+        metric
+            .and_then(|m| self.metrics[m as usize].as_ref())
+            .map_or(0, |m| m.series)
+    }
+
+    fn tenant_or_insert(&mut self, name: &[u8]) -> u32 {
+        if let Some(t) = self.tenant(name) {
+            return t;
+        }
+        let slot = TenantSlot {
+            name: name.into(),
+            series: 0,
+            metrics: HashMap::new(),
+        };
+        let id = match self.free_tenants.pop() {
+            Some(id) => {
+                self.tenants[id as usize] = Some(slot);
+                id
+            }
+            None => {
+                self.tenants.push(Some(slot));
+                (self.tenants.len() - 1) as u32
+            }
+        };
+        self.tenant_index.insert(name.into(), id);
+        id
+    }
+
+    fn metric_or_insert(&mut self, tenant: u32, name: &[u8]) -> u32 {
+        if let Some(m) = self.metric(Some(tenant), name) {
+            return m;
+        }
+        let labels = (self.sketched < MAX_SKETCHED).then(|| {
+            self.sketched += 1;
+            Mutex::new(LabelSketches::default())
+        });
+        let slot = MetricSlot {
+            tenant,
+            name: name.into(),
+            series: 0,
+            labels,
+        };
+        let id = match self.free_metrics.pop() {
+            Some(id) => {
+                self.metrics[id as usize] = Some(slot);
+                id
+            }
+            None => {
+                self.metrics.push(Some(slot));
+                (self.metrics.len() - 1) as u32
+            }
+        };
+        if let Some(t) = self.tenants[tenant as usize].as_mut() {
+            t.metrics.insert(name.into(), id);
+        }
+        id
+    }
+
+    /// Adds the series `key` of metric `name` of `tenant`, seen at `now`; returns its
+    /// metric.
+    pub fn insert(&mut self, key: u64, tenant: &[u8], name: &[u8], now: u32) -> u32 {
+        let t = self.tenant_or_insert(tenant);
+        let m = self.metric_or_insert(t, name);
+        self.series.insert(
+            key,
+            Entry {
+                last_seen: AtomicU32::new(now),
+                metric: m,
+            },
+        );
+        if let Some(slot) = self.metrics[m as usize].as_mut() {
+            slot.series += 1;
+        }
+        if let Some(slot) = self.tenants[t as usize].as_mut() {
+            slot.series += 1;
+        }
+        m
+    }
+
+    /// Removes the series `keep` refuses, and the metrics and tenants left without
+    /// series.
+    fn remove_where(&mut self, mut keep: impl FnMut(u64, &Entry) -> bool) {
+        let metrics = &mut self.metrics;
+        let tenants = &mut self.tenants;
+        self.series.retain(|&k, e| {
+            if keep(k, e) {
+                return true;
+            }
+            if let Some(m) = metrics[e.metric as usize].as_mut() {
+                m.series -= 1;
+                if let Some(t) = tenants[m.tenant as usize].as_mut() {
+                    t.series -= 1;
+                }
+            }
+            false
+        });
+        for id in 0..self.metrics.len() {
+            let empty = self.metrics[id].as_ref().is_some_and(|m| m.series == 0);
+            if !empty {
+                continue;
+            }
+            if let Some(m) = self.metrics[id].take() {
+                if m.labels.is_some() {
+                    self.sketched -= 1;
+                }
+                if let Some(t) = self.tenants[m.tenant as usize].as_mut() {
+                    t.metrics.remove(&m.name);
+                }
+                self.free_metrics.push(id as u32);
+            }
+        }
+        for id in 0..self.tenants.len() {
+            let empty = self.tenants[id]
+                .as_ref()
+                .is_some_and(|t| t.series == 0 && t.metrics.is_empty());
+            if empty && let Some(t) = self.tenants[id].take() {
+                self.tenant_index.remove(&t.name);
+                self.free_tenants.push(id as u32);
+            }
+        }
+    }
+
+    /// Forgets series not seen since `oldest` (a second).
+    pub fn expire(&mut self, oldest: u32) {
+        self.remove_where(|_, e| e.last_seen.load(Ordering::Relaxed) >= oldest);
+    }
+
+    /// Halves the sample: keeps the series whose key's next bit is zero too.
+    pub fn halve_sample(&mut self) {
+        self.shift = (self.shift + 1).min(63);
+        let shift = self.shift;
+        self.remove_where(|k, _| k >> (64 - shift) == 0);
+    }
+
+    /// Forgets everything (a switch between sampled and exact tracking).
+    pub fn clear(&mut self) {
+        *self = Tables::default();
+    }
+
+    /// Bytes the tables hold, estimated from their capacities.
+    pub fn bytes(&self) -> usize {
+        let series = self.series.capacity() * (std::mem::size_of::<(u64, Entry)>() + 1);
+        let metrics = self.metrics.capacity() * std::mem::size_of::<Option<MetricSlot>>()
+            + self
+                .metrics
+                .iter()
+                .flatten()
+                .map(|m| 2 * m.name.len() + 48)
+                .sum::<usize>()
+            + self.sketched * super::sketch::MAX_BYTES;
+        let tenants = self.tenants.capacity() * std::mem::size_of::<Option<TenantSlot>>()
+            + self
+                .tenants
+                .iter()
+                .flatten()
+                .map(|t| 2 * t.name.len() + 48)
+                .sum::<usize>();
+        series + metrics + tenants
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_frees_series_metrics_and_tenants() {
+        let mut t = Tables::default();
+        t.insert(1, b"a", b"m", 10);
+        t.insert(2, b"a", b"m", 20);
+        t.insert(3, b"b", b"n", 10);
+        let a = t.tenant(b"a");
+        assert_eq!(t.tenant_series(a), 2);
+        assert_eq!(t.metric_series(t.metric(a, b"m")), 2);
+        t.expire(15);
+        assert_eq!(t.series.len(), 1);
+        assert_eq!(t.metric_series(t.metric(a, b"m")), 1);
+        assert_eq!(t.tenant(b"b"), None);
+        // A freed slot is reused.
+        t.insert(4, b"c", b"o", 30);
+        assert_eq!(t.tenants.len(), 2);
+    }
+
+    #[test]
+    fn halving_the_sample_keeps_the_keys_with_a_zero_top_bit() {
+        let mut t = Tables::default();
+        for k in [1u64, u64::MAX, 1 << 62, 1 << 63] {
+            t.insert(k, b"", b"m", 1);
+        }
+        t.halve_sample();
+        assert_eq!(t.series.len(), 2);
+        assert!(t.sampled(1) && !t.sampled(1 << 63));
+        assert_eq!(t.metric_series(t.metric(t.tenant(b""), b"m")), 2);
+    }
+}
