@@ -614,7 +614,7 @@ pub fn guard_options(cfg: &Config) -> crate::guard::GuardOptions {
         window: l.active_series_window,
         series_max_labels: l.series_max_labels,
         series_max_label_value_bytes: l.series_max_label_value_bytes.as_usize(),
-        max_tracked_series: l.max_tracked_series,
+        max_tracked_series: cfg.sizing().max_tracked_series,
         overrides: l
             .tenant_overrides
             .iter()

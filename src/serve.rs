@@ -81,6 +81,7 @@ pub async fn serve(source: crate::reload::Source, lifecycle: bool) -> anyhow::Re
         max_body_bytes = sizing.max_body_bytes,
         max_decoded_bytes = sizing.max_decoded_bytes,
         derived_max_series = sizing.derived_max_series,
+        max_tracked_series = sizing.max_tracked_series,
         queue_max_bytes = ?sizing.queue_max_bytes,
         bound = sizing.bound,
         "{}",

@@ -386,7 +386,7 @@ impl Config {
                 "limits.active_series_window must be at least 1s",
             ));
         }
-        if l.max_tracked_series == 0 {
+        if l.max_tracked_series == AutoCount::Set(0) {
             return Err(self.invalid_at(
                 "max_tracked_series",
                 "0",

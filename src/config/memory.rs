@@ -7,7 +7,8 @@
 //! memory bound
 //!
 //! ```text
-//! RSS ≤ 64 MiB + W × 64 MiB + 4 × max_inflight_bytes + derived state + queues in memory
+//! RSS ≤ 64 MiB + W × 64 MiB + 4 × max_inflight_bytes + derived state + cardinality state
+//!       + queues in memory
 //! ```
 //!
 //! stays within that allowance (see [`Config::sizing_for`]).
@@ -29,6 +30,21 @@ pub const BASE_BYTES: u64 = 64 << 20;
 pub const WORKER_BYTES: u64 = 64 << 20;
 /// Per derived series: its label set, state and eviction-clock entry.
 pub const DERIVED_SERIES_BYTES: u64 = 400;
+/// Per series of `limits.max_tracked_series`: the cardinality guard's table entry at
+/// most (`guard::tracker::SERIES_BYTES`).
+pub const TRACKED_SERIES_BYTES: u64 = 56;
+/// The cardinality guard's metrics, names and label sketches at most, whatever the
+/// series (`guard::tracker::max_bytes` less the series).
+pub const CARDINALITY_FIXED_BYTES: u64 = 10 << 20;
+
+/// `limits.max_tracked_series: auto` at most and at least.
+const MAX_TRACKED_SERIES: u64 = 1_000_000;
+const MIN_TRACKED_SERIES: u64 = 50_000;
+
+/// The cardinality guard's state at its limits.
+pub fn cardinality_bytes(max_tracked_series: usize) -> u64 {
+    (max_tracked_series as u64).saturating_mul(TRACKED_SERIES_BYTES) + CARDINALITY_FIXED_BYTES
+}
 /// Per derived sample waiting for the writer.
 pub const PENDING_SAMPLE_BYTES: u64 = 48;
 /// The bytes each in-flight byte may cost: the body and its decoded copy, the re-encoded
@@ -209,6 +225,10 @@ pub struct Sizing {
     pub queue_max_bytes: Vec<u64>,
     /// Derived state at its limits (0 when derived series are off).
     pub derived_bytes: u64,
+    /// `limits.max_tracked_series`, `auto` resolved.
+    pub max_tracked_series: usize,
+    /// The cardinality guard's state at its limits (`limits.max_tracked_series`).
+    pub cardinality_bytes: u64,
     /// What the queues may hold in memory together: every memory queue's `max_bytes`,
     /// and each disk queue's cache of the records it wrote (`DISK_QUEUE_CACHE_BYTES`).
     pub memory_queue_bytes: u64,
@@ -229,11 +249,12 @@ impl Sizing {
             _ => "no memory limit found".to_string(),
         };
         format!(
-            "memory: {limit}; bound {} = 64MiB + {} workers x 64MiB + 4 x max_inflight_bytes {} + derived state {} + queues in memory {}",
+            "memory: {limit}; bound {} = 64MiB + {} workers x 64MiB + 4 x max_inflight_bytes {} + derived state {} + cardinality state {} + queues in memory {}",
             human_bytes(self.bound),
             self.workers,
             human_bytes(self.max_inflight_bytes),
             human_bytes(self.derived_bytes),
+            human_bytes(self.cardinality_bytes),
             human_bytes(self.memory_queue_bytes),
         )
     }
@@ -292,6 +313,16 @@ impl Config {
             0
         };
 
+        // The cardinality guard's series: a sixteenth of R.
+        let tracked = match (l.max_tracked_series.set(), rest) {
+            (Some(n), _) => n as u64,
+            (None, None) => MAX_TRACKED_SERIES,
+            (None, Some(r)) => {
+                (r / 16 / TRACKED_SERIES_BYTES).clamp(MIN_TRACKED_SERIES, MAX_TRACKED_SERIES)
+            }
+        };
+        let cardinality_bytes = cardinality_bytes(usize::try_from(tracked).unwrap_or(usize::MAX));
+
         // Queues.
         let auto_memory = self
             .backends
@@ -331,6 +362,7 @@ impl Config {
             (None, None) => FALLBACK_INFLIGHT,
             (None, Some(r)) => round_down_mib(
                 r.saturating_sub(derived_bytes)
+                    .saturating_sub(cardinality_bytes)
                     .saturating_sub(memory_queue_bytes)
                     / INFLIGHT_FACTOR,
             )
@@ -347,6 +379,7 @@ impl Config {
         let bound = fixed
             .saturating_add(inflight.saturating_mul(INFLIGHT_FACTOR))
             .saturating_add(derived_bytes)
+            .saturating_add(cardinality_bytes)
             .saturating_add(memory_queue_bytes);
         Sizing {
             limit,
@@ -359,6 +392,8 @@ impl Config {
             derived_max_pending_samples: usize::try_from(pending).unwrap_or(usize::MAX),
             queue_max_bytes,
             derived_bytes,
+            max_tracked_series: usize::try_from(tracked).unwrap_or(usize::MAX),
+            cardinality_bytes,
             memory_queue_bytes,
             bound,
         }
@@ -390,7 +425,7 @@ impl Config {
             )
         };
         Some(format!(
-            "{}the memory bound {} (64MiB + {} workers x 64MiB + 4 x limits.max_inflight_bytes {} + derived state {} + queues in memory {}) {what}; promnorm may be OOM-killed under load: lower these or set them to auto",
+            "{}the memory bound {} (64MiB + {} workers x 64MiB + 4 x limits.max_inflight_bytes {} + derived state {} + cardinality state {} + queues in memory {}) {what}; promnorm may be OOM-killed under load: lower these or set them to auto",
             match self.limits.max_inflight_bytes.set() {
                 Some(n) => self.size_position("max_inflight_bytes", n),
                 None => self.position("max_inflight_bytes", ""),
@@ -399,6 +434,7 @@ impl Config {
             s.workers,
             human_bytes(s.max_inflight_bytes),
             human_bytes(s.derived_bytes),
+            human_bytes(s.cardinality_bytes),
             human_bytes(s.memory_queue_bytes),
         ))
     }
@@ -558,9 +594,14 @@ mod tests {
             s.derived_max_series,
             (115.2 * 1048576.0 / 4.0 / 448.0) as usize
         );
-        assert_eq!(s.max_inflight_bytes, 21 << 20);
-        assert_eq!(s.max_body_bytes, (21 << 20) / 4);
-        assert_eq!(s.max_decoded_bytes, (21 << 20) - (21 << 20) / 4);
+        // The cardinality guard's series: R / 16 at 56 bytes each, and its 10 MiB.
+        assert_eq!(
+            s.max_tracked_series,
+            (115.2 * 1048576.0 / 16.0 / 56.0) as usize
+        );
+        assert_eq!(s.max_inflight_bytes, 17 << 20);
+        assert_eq!(s.max_body_bytes, (17 << 20) / 4);
+        assert_eq!(s.max_decoded_bytes, (17 << 20) - (17 << 20) / 4);
         // A large host: the fixed defaults cap the per-request limits and the state.
         let s = cfg.sizing_for(limit(65536), 16);
         assert_eq!(s.max_body_bytes, 32 << 20);

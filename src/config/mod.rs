@@ -124,6 +124,7 @@ impl Config {
                     "max_body_bytes" => Some(size(sizing.max_body_bytes)),
                     "max_decoded_bytes" => Some(size(sizing.max_decoded_bytes)),
                     "max_inflight_bytes" => Some(size(sizing.max_inflight_bytes)),
+                    "max_tracked_series" => Some(format!(" # {}", sizing.max_tracked_series)),
                     _ => None,
                 },
                 ("derived", Some(("max_series", "auto"))) => {

@@ -399,10 +399,11 @@ pub struct Limits {
     pub series_max_labels: usize,
     /// A series with a longer label value is left out, the rest goes on. `0`: off.
     pub series_max_label_value_bytes: ByteSize,
-    /// Series the cardinality tracker holds at most (about 40 bytes each). With a
+    /// Series the cardinality tracker holds at most (56 bytes each at most). With a
     /// series limit on, a new series past it is left out (`reason="max_tracked_series"`);
-    /// without one, the cardinality view samples series beyond it.
-    pub max_tracked_series: usize,
+    /// without one, the cardinality view samples series beyond it. `auto`: from the
+    /// memory limit (`config::memory`), at most 1,000,000.
+    pub max_tracked_series: AutoCount,
     /// Per-tenant limits replacing `max_series_per_metric` and `max_series_per_tenant`
     /// for that tenant (the tenant as `tenancy` names it).
     pub tenant_overrides: std::collections::BTreeMap<String, TenantLimits>,
@@ -436,7 +437,7 @@ impl Default for Limits {
             active_series_window: Duration::from_secs(600),
             series_max_labels: 0,
             series_max_label_value_bytes: ByteSize(0),
-            max_tracked_series: 1_000_000,
+            max_tracked_series: AutoCount::Auto,
             tenant_overrides: Default::default(),
         }
     }

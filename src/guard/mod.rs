@@ -10,7 +10,7 @@
 //! copied without the series left out only when there are some.
 
 pub mod sketch;
-mod tracker;
+pub mod tracker;
 pub mod view;
 
 use std::collections::HashMap;
@@ -495,8 +495,20 @@ impl Guard {
                     continue;
                 }
             }
-            let m = t.insert(p.key, tenant, name, now);
-            self.sketch(&t, m, body, p.start, p.end, generation);
+            match t.insert(p.key, tenant, name, now) {
+                Some(m) => self.sketch(&t, m, body, p.start, p.end, generation),
+                // As many metrics (or name bytes) as the tables may hold.
+                None if enforcing => s.drops.push(Drop {
+                    from: p.from,
+                    to: p.to,
+                    reason: Reason::MaxTrackedSeries,
+                    tenant: p.tenant,
+                    name: p.name,
+                    samples: p.samples,
+                    histograms: p.histograms,
+                }),
+                None => {}
+            }
         }
     }
 

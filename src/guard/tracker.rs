@@ -12,7 +12,24 @@ use super::sketch::LabelSketches;
 
 /// Metrics with label sketches at most, all tenants together (the rest show their
 /// series counts only): bounds the sketches to `MAX_SKETCHED * sketch::MAX_BYTES`.
-pub const MAX_SKETCHED: usize = 2048;
+pub const MAX_SKETCHED: usize = 256;
+/// Metrics (per tenant each) tracked at most, and the bytes of their and the tenants'
+/// names: a metric name per series cannot grow the tables past
+/// `MAX_METRICS * METRIC_BYTES + MAX_NAME_BYTES`.
+pub const MAX_METRICS: usize = 20_000;
+pub const MAX_NAME_BYTES: usize = 4 << 20;
+/// A metric's slot and its entry in its tenant's map, names aside.
+pub const METRIC_BYTES: usize = 160;
+/// A series' table entry at most: 17 bytes a bucket, the table growing at 7/8 full into
+/// twice the buckets (both held while it moves).
+pub const SERIES_BYTES: usize = 56;
+
+/// The most the tables hold with `max_tracked_series`.
+pub fn max_bytes(max_tracked_series: usize) -> u64 {
+    (max_tracked_series as u64) * SERIES_BYTES as u64
+        + (MAX_METRICS * METRIC_BYTES + MAX_NAME_BYTES) as u64
+        + (MAX_SKETCHED * super::sketch::MAX_BYTES) as u64
+}
 
 /// The series table's keys are hashes already.
 #[derive(Default)]
@@ -62,6 +79,8 @@ pub struct Tables {
     /// 2^-shift of them): only without limits, past `max_tracked_series`.
     pub shift: u32,
     sketched: usize,
+    live_metrics: usize,
+    name_bytes: usize,
 }
 
 impl Tables {
@@ -92,10 +111,14 @@ impl Tables {
             .map_or(0, |m| m.series)
     }
 
-    fn tenant_or_insert(&mut self, name: &[u8]) -> u32 {
+    fn tenant_or_insert(&mut self, name: &[u8]) -> Option<u32> {
         if let Some(t) = self.tenant(name) {
-            return t;
+            return Some(t);
         }
+        if self.name_bytes + 2 * name.len() > MAX_NAME_BYTES {
+            return None;
+        }
+        self.name_bytes += 2 * name.len();
         let slot = TenantSlot {
             name: name.into(),
             series: 0,
@@ -112,13 +135,18 @@ impl Tables {
             }
         };
         self.tenant_index.insert(name.into(), id);
-        id
+        Some(id)
     }
 
-    fn metric_or_insert(&mut self, tenant: u32, name: &[u8]) -> u32 {
+    fn metric_or_insert(&mut self, tenant: u32, name: &[u8]) -> Option<u32> {
         if let Some(m) = self.metric(Some(tenant), name) {
-            return m;
+            return Some(m);
         }
+        if self.live_metrics >= MAX_METRICS || self.name_bytes + 2 * name.len() > MAX_NAME_BYTES {
+            return None;
+        }
+        self.live_metrics += 1;
+        self.name_bytes += 2 * name.len();
         let labels = (self.sketched < MAX_SKETCHED).then(|| {
             self.sketched += 1;
             Mutex::new(LabelSketches::default())
@@ -142,14 +170,15 @@ impl Tables {
         if let Some(t) = self.tenants[tenant as usize].as_mut() {
             t.metrics.insert(name.into(), id);
         }
-        id
+        Some(id)
     }
 
     /// Adds the series `key` of metric `name` of `tenant`, seen at `now`; returns its
-    /// metric.
-    pub fn insert(&mut self, key: u64, tenant: &[u8], name: &[u8], now: u32) -> u32 {
-        let t = self.tenant_or_insert(tenant);
-        let m = self.metric_or_insert(t, name);
+    /// metric, or `None` when the tables hold as many metrics or name bytes as they may
+    /// ([`MAX_METRICS`], [`MAX_NAME_BYTES`]).
+    pub fn insert(&mut self, key: u64, tenant: &[u8], name: &[u8], now: u32) -> Option<u32> {
+        let t = self.tenant_or_insert(tenant)?;
+        let m = self.metric_or_insert(t, name)?;
         self.series.insert(
             key,
             Entry {
@@ -163,7 +192,7 @@ impl Tables {
         if let Some(slot) = self.tenants[t as usize].as_mut() {
             slot.series += 1;
         }
-        m
+        Some(m)
     }
 
     /// Removes the series `keep` refuses, and the metrics and tenants left without
@@ -192,6 +221,8 @@ impl Tables {
                 if m.labels.is_some() {
                     self.sketched -= 1;
                 }
+                self.live_metrics -= 1;
+                self.name_bytes = self.name_bytes.saturating_sub(2 * m.name.len());
                 if let Some(t) = self.tenants[m.tenant as usize].as_mut() {
                     t.metrics.remove(&m.name);
                 }
@@ -204,6 +235,7 @@ impl Tables {
                 .is_some_and(|t| t.series == 0 && t.metrics.is_empty());
             if empty && let Some(t) = self.tenants[id].take() {
                 self.tenant_index.remove(&t.name);
+                self.name_bytes = self.name_bytes.saturating_sub(2 * t.name.len());
                 self.free_tenants.push(id as u32);
             }
         }
@@ -265,9 +297,26 @@ mod tests {
         assert_eq!(t.series.len(), 1);
         assert_eq!(t.metric_series(t.metric(a, b"m")), 1);
         assert_eq!(t.tenant(b"b"), None);
+        assert_eq!(t.live_metrics, 1);
         // A freed slot is reused.
         t.insert(4, b"c", b"o", 30);
         assert_eq!(t.tenants.len(), 2);
+    }
+
+    #[test]
+    fn metrics_past_the_cap_are_not_tracked() {
+        let mut t = Tables::default();
+        for i in 0..MAX_METRICS {
+            assert!(
+                t.insert(i as u64, b"", format!("m{i}").as_bytes(), 1)
+                    .is_some()
+            );
+        }
+        assert_eq!(t.insert(u64::MAX, b"", b"one_more", 1), None);
+        // A series of a metric already tracked still is.
+        assert!(t.insert(u64::MAX, b"", b"m0", 1).is_some());
+        let long = vec![b'x'; MAX_NAME_BYTES];
+        assert_eq!(t.insert(7 << 40, b"", &long, 1), None);
     }
 
     #[test]

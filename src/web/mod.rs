@@ -8,6 +8,7 @@
 //! label values and HELP text come from senders.
 
 mod api;
+mod cardinality;
 mod pages;
 mod tap;
 
@@ -89,6 +90,7 @@ pub fn router(live: Arc<Live>, opts: &WebOptions) -> Router {
         .route(&format!("{p}/rules"), get(pages::rules))
         .route(&format!("{p}/explain"), get(pages::explain))
         .route(&format!("{p}/queries"), get(pages::queries))
+        .route(&format!("{p}/cardinality"), get(cardinality::cardinality))
         .route(
             &format!("{p}/debug/normalize"),
             get(pages::normalize_form).post(pages::normalize_post),

@@ -56,7 +56,7 @@ pub(super) fn page(
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
          <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a><a href=\"{base}debug/tap\">Tap</a>\
-         <a href=\"{base}queries\">Queries</a><a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
+         <a href=\"{base}queries\">Queries</a><a href=\"{base}cardinality\">Cardinality</a><a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
     (

@@ -1743,3 +1743,45 @@ fn engine_sidecar_scrapes_its_engine_on_localhost() {
     assert_eq!(ann["prometheus.io/port"], port.as_str());
     assert_eq!(port_name, "promnorm");
 }
+
+/// deploy/kubernetes/limits (docs/limits.md, "Scale-out"): the StatefulSet with its
+/// ConfigMap replaced by one whose limits, times the replicas, stay within the Mimir
+/// limits it names, and which check-config accepts.
+#[test]
+fn scale_out_limits_add_up_to_no_more_than_mimirs() {
+    let manifests = kubernetes_manifests();
+    // configmap.yaml is a patch, not a resource.
+    let listed = check_kustomization(&manifests, "limits", &["configmap.yaml"]);
+    assert!(listed.contains(&"../statefulset".to_string()), "{listed:?}");
+    let k = doc(&manifests, "limits/kustomization.yaml", "Kustomization");
+    let patches: Vec<&str> = k["patches"]
+        .as_array()
+        .expect("limits/kustomization.yaml: patches")
+        .iter()
+        .filter_map(|p| p["path"].as_str())
+        .collect();
+    assert_eq!(patches, ["configmap.yaml"]);
+    let cm = doc(&manifests, "limits/configmap.yaml", "ConfigMap");
+    let common = doc(&manifests, "common/configmap.yaml", "ConfigMap");
+    assert_eq!(
+        cm["metadata"]["name"], common["metadata"]["name"],
+        "the patch replaces the shared ConfigMap"
+    );
+    let cfg = configmap_config(cm, "limits/configmap.yaml");
+    cfg.check().expect("check-config accepts it");
+    let sts = doc(&manifests, "statefulset/statefulset.yaml", "StatefulSet");
+    let replicas = sts["spec"]["replicas"].as_u64().unwrap() as usize;
+    let l = &cfg.limits;
+    // The Mimir limits the file's comment names.
+    assert!(l.max_series_per_tenant * replicas <= 300_000);
+    assert!(l.max_series_per_metric * replicas <= 20_000);
+    assert!(l.series_max_labels <= 30 && l.series_max_labels > 0);
+    assert!(l.series_max_label_value_bytes.0 <= 2048 && l.series_max_label_value_bytes.0 > 0);
+    for (tenant, o) in &l.tenant_overrides {
+        let t = o.max_series_per_tenant.unwrap_or(l.max_series_per_tenant);
+        assert!(t * replicas <= 1_000_000, "{tenant}");
+    }
+    assert!(cfg.tenancy.is_some(), "limits per tenant need tenancy");
+    let container = &sts["spec"]["template"]["spec"]["containers"][0];
+    check_memory("limits (statefulset)", container, &cfg);
+}

@@ -16,6 +16,7 @@ mod doc_links;
 mod fleet;
 mod genai_spec;
 mod golden;
+mod limits;
 mod native_histograms;
 mod otel_names;
 mod overload;

@@ -343,7 +343,15 @@ async fn pages_render_the_running_configuration_with_relative_links() {
     assert!(b.contains("memory (accepting)"), "{b}");
     assert!(b.contains("href=\"metrics\""), "{b}");
     // Every link and form is relative: the pages work behind a path prefix.
-    for page in ["/", "/rules", "/explain", "/debug/normalize", "/queries"] {
+    for page in [
+        "/",
+        "/rules",
+        "/explain",
+        "/debug/normalize",
+        "/queries",
+        "/cardinality",
+        "/cardinality?metric=up",
+    ] {
         let r = get(&format!("{base}{page}")).await;
         assert_eq!(r.status, 200, "{page}");
         for attr in ["href=\"/", "action=\"/", "src=\"/"] {
@@ -862,4 +870,61 @@ async fn normalize_page_takes_an_uploaded_file() {
     let r = get(&format!("{base}/debug/normalize")).await;
     assert!(r.body.contains("type=\"file\""), "{}", r.body);
     assert!(r.body.contains("multipart/form-data"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn the_cardinality_page_lists_metrics_and_a_metrics_labels() {
+    let (base, _) = start().await;
+    let series: Vec<pb::TimeSeries> = (0..12)
+        .map(|i| {
+            let pod = format!("pod-{i}");
+            series(
+                &[
+                    ("__name__", "vllm_page_metric"),
+                    ("pod", pod.as_str()),
+                    ("job", "j"),
+                ],
+                &[(1.0, 1)],
+            )
+        })
+        .collect();
+    let req = pb::WriteRequest {
+        timeseries: series,
+        ..Default::default()
+    };
+    let r = post(
+        &format!("{base}/api/v1/write"),
+        common::encode(&req),
+        RW_HEADERS,
+    )
+    .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let r = get(&format!("{base}/cardinality")).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body
+            .contains("<code>vllm_page_metric</code></a></td><td>12</td>"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body
+            .contains("href=\"cardinality?metric=vllm_page_metric"),
+        "{}",
+        r.body
+    );
+    let r = get(&format!("{base}/cardinality?metric=vllm_page_metric")).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body
+            .contains("<tr><td><code>pod</code></td><td>12</td></tr>"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body
+            .contains("<tr><td><code>job</code></td><td>1</td></tr>"),
+        "{}",
+        r.body
+    );
 }
