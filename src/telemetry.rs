@@ -501,15 +501,14 @@ pub fn cardinality_state(series: usize, bytes: usize) {
     metrics::gauge!(CARDINALITY_BYTES).set(bytes as f64);
 }
 
-/// Samples of series the cardinality guard left out (`reason`: the limit), by tenant
-/// under tenancy (the tenant label bounded as in [`tenant_label`]).
-pub fn series_limited(reason: &'static str, tenant: Option<&str>, n: u64) {
+/// The counter of samples of series the cardinality guard left out (`reason`: the
+/// limit), by tenant under tenancy (the tenant label bounded as in [`tenant_label`]).
+pub fn series_limited(reason: &'static str, tenant: Option<&str>) -> metrics::Counter {
     match tenant {
         Some(t) => {
             metrics::counter!(SAMPLES_DROPPED, "reason" => reason, "tenant" => tenant_label(t))
-                .increment(n)
         }
-        None => metrics::counter!(SAMPLES_DROPPED, "reason" => reason).increment(n),
+        None => metrics::counter!(SAMPLES_DROPPED, "reason" => reason),
     }
 }
 

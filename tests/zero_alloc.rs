@@ -639,3 +639,26 @@ fn never_sending_queue(
         },
     )
 }
+
+/// The cardinality guard with its limits on: the fleet's series are tracked exactly,
+/// and a warm pipeline still allocates nothing, those it leaves out (one metric over its
+/// limit, counted and logged) included.
+#[test]
+fn zero_alloc_pipeline_with_series_limits() {
+    let bodies = fleet::request_bodies(fleet::Mode::Default, 100);
+    let v1_only = Flow {
+        input: InputProtocol::V1,
+        output_v2: false,
+    };
+    let limits = Config::parse(
+        "limits:\n  max_series_per_tenant: 1000000\n  max_series_per_metric: 50\n  series_max_labels: 40\n",
+        "limits.yaml",
+    )
+    .unwrap();
+    let limited = check_zero_alloc(&bodies, limits, "series limits", v1_only);
+    let unlimited = check_zero_alloc(&bodies, Config::embedded_default(), "default", v1_only);
+    assert!(
+        limited < unlimited,
+        "a per-metric limit of 50 left series out ({limited} vs {unlimited} bytes)"
+    );
+}

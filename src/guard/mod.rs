@@ -33,9 +33,6 @@ pub type TenantOverride = (Option<usize>, Option<usize>);
 /// A byte range in the body.
 type Range = (usize, usize);
 
-/// (reason, tenant, metric) of a log line.
-type LogKey = (Reason, Box<[u8]>, Box<[u8]>);
-
 /// The guard's settings (`limits.*` and the tenancy it counts tenants by).
 #[derive(Clone, Debug)]
 pub struct GuardOptions {
@@ -203,10 +200,18 @@ pub struct Guard {
     tables: RwLock<Tables>,
     epoch: Instant,
     next_sweep: AtomicU32,
-    /// (reason, tenant, metric) → the second its last log line was written.
-    logged: Mutex<HashMap<LogKey, u32>>,
+    /// A hash of (reason, tenant, metric) → the second its last log line was written
+    /// (a hash: a dropped series allocates nothing; a collision only skips a line).
+    logged: Mutex<HashMap<u64, u32>>,
+    /// The drop counters by a hash of (reason, tenant): registered once each, so that
+    /// counting allocates nothing once warm.
+    counters: Mutex<HashMap<u64, metrics::Counter>>,
     hasher: ahash::RandomState,
 }
+
+/// Drop counter handles kept at most (tenants × reasons); past it they are registered
+/// again as needed.
+const MAX_COUNTERS: usize = 4096;
 
 /// Log lines remembered at most (one a minute per limit, tenant and metric).
 const MAX_LOGGED: usize = 4096;
@@ -219,6 +224,7 @@ impl Guard {
             epoch: Instant::now(),
             next_sweep: AtomicU32::new(0),
             logged: Mutex::new(HashMap::new()),
+            counters: Mutex::new(HashMap::new()),
             hasher: ahash::RandomState::with_seeds(
                 0x9e37_79b9_7f4a_7c15,
                 0xbf58_476d_1ce4_e5b9,
@@ -539,9 +545,27 @@ impl Guard {
             }
         }
         let tenancy = opts.tenant_label.is_some();
-        for &(reason, at, n) in &s.counted {
-            let tenant = tenancy.then(|| String::from_utf8_lossy(tenant_of(at)));
-            telemetry::series_limited(reason.as_str(), tenant.as_deref(), n);
+        if let Ok(mut counters) = self.counters.lock() {
+            for &(reason, at, n) in &s.counted {
+                let tenant = tenant_of(at);
+                let key = {
+                    let mut h = self.hasher.build_hasher();
+                    h.write_u8(reason as u8);
+                    h.write_u8(u8::from(tenancy));
+                    h.write(tenant);
+                    h.finish()
+                };
+                if counters.len() >= MAX_COUNTERS && !counters.contains_key(&key) {
+                    counters.clear();
+                }
+                counters
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let tenant = tenancy.then(|| String::from_utf8_lossy(tenant));
+                        telemetry::series_limited(reason.as_str(), tenant.as_deref())
+                    })
+                    .increment(n);
+            }
         }
         let Ok(mut logged) = self.logged.lock() else {
             return;
@@ -549,7 +573,14 @@ impl Guard {
         for d in &s.drops {
             let tenant = tenant_of(d.tenant);
             let name = &body[d.name.0..d.name.1];
-            let key = (d.reason, Box::<[u8]>::from(tenant), Box::<[u8]>::from(name));
+            let key = {
+                let mut h = self.hasher.build_hasher();
+                h.write_u8(d.reason as u8);
+                h.write(tenant);
+                h.write_u8(0xff);
+                h.write(name);
+                h.finish()
+            };
             if logged
                 .get(&key)
                 .is_some_and(|&at| now.saturating_sub(at) < 60)
