@@ -54,7 +54,7 @@ promnorm_queue_case() { # name config
 
 NAMES=(vmagent-relabel promnorm-all-packs promnorm-all-packs-rw2
   promnorm-all-packs-memory-queue promnorm-all-packs-disk-queue promnorm-all-packs-rw2-out
-  promnorm-all-packs-tenancy vmagent-passthrough promnorm-passthrough)
+  promnorm-all-packs-tenancy promnorm-all-packs-limits vmagent-passthrough promnorm-passthrough)
 run_case() { # name
   case $1 in
   vmagent-relabel)
@@ -67,6 +67,7 @@ run_case() { # name
   promnorm-all-packs-disk-queue) promnorm_queue_case "$1" bench/all-packs-disk-queue.yaml ;;
   promnorm-all-packs-rw2-out) promnorm_queue_case "$1" bench/all-packs-rw2-out.yaml ;;
   promnorm-all-packs-tenancy) promnorm_queue_case "$1" bench/all-packs-tenancy.yaml ;;
+  promnorm-all-packs-limits) promnorm_case "$1" bench/all-packs-limits.yaml ;;
   vmagent-passthrough) case_run vmagent-passthrough "${vmagent_in[@]}" --sut-cmd "$VMAGENT $vmagent_cmd" ;;
   promnorm-passthrough) promnorm_case "$1" bench/passthrough.yaml ;;
   esac
