@@ -253,3 +253,53 @@ fn malformed_bodies_are_errors_not_panics() {
         assert!(g.filter(bad, None, &mut s).is_err());
     }
 }
+
+#[test]
+fn the_quick_scan_agrees_with_the_general_one() {
+    let g = Guard::new(GuardOptions::default());
+    let long = "v".repeat(300);
+    let mut all = many("m", 3);
+    all.push(series(&[
+        ("__name__", "m"),
+        ("pod", &long),
+        ("tenant", "t"),
+    ]));
+    let mut h = series(&[("__name__", "h"), ("tenant", "")]);
+    h.samples.push(Sample {
+        value: 2.0,
+        timestamp: 2,
+    });
+    all.push(h);
+    let b = body(all);
+    let mut r = Reader::new(&b, 0, b.len());
+    let mut quick = 0;
+    while !r.is_done() {
+        let (_, _) = r.key().unwrap();
+        let (s, e) = r.len_delimited().unwrap();
+        let general = g.general_scan(&b, s, e, Some(b"tenant")).unwrap();
+        if let Some(q) = g.quick_scan(&b, s, e, Some(b"tenant")) {
+            quick += 1;
+            assert_eq!(
+                (
+                    q.labels,
+                    q.longest_value,
+                    q.name,
+                    q.tenant,
+                    q.hash,
+                    q.samples
+                ),
+                (
+                    general.labels,
+                    general.longest_value,
+                    general.name,
+                    general.tenant,
+                    general.hash,
+                    general.samples
+                )
+            );
+        }
+    }
+    // The 300-byte value takes two length bytes, and prost leaves an empty value out:
+    // both the general walk's.
+    assert_eq!(quick, 3);
+}
