@@ -145,7 +145,7 @@ impl Writer {
             );
             if let Err(e) = routed {
                 tracing::error!(error = %e, "routing derived samples");
-                count_dropped("derived_undeliverable", chunk.len());
+                count_dropped("derived_undeliverable", samples as usize);
                 continue;
             }
             // Every backend (and tenant) at once: one slow or refusing backend does not

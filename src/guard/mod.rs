@@ -221,6 +221,8 @@ pub struct Guard {
     /// A hash of (reason, tenant, metric) → the second its last log line was written
     /// (a hash: a dropped series allocates nothing; a collision only skips a line).
     logged: Mutex<HashMap<u64, u32>>,
+    /// The second `logged` was last pruned.
+    log_pruned: AtomicU32,
     /// The drop counters by a hash of (reason, tenant): registered once each, so that
     /// counting allocates nothing once warm.
     counters: Mutex<HashMap<u64, metrics::Counter>>,
@@ -242,6 +244,7 @@ impl Guard {
             epoch: Instant::now(),
             next_sweep: AtomicU32::new(0),
             logged: Mutex::new(HashMap::new()),
+            log_pruned: AtomicU32::new(0),
             counters: Mutex::new(HashMap::new()),
             hasher: ahash::RandomState::with_seeds(
                 0x9e37_79b9_7f4a_7c15,
@@ -486,6 +489,11 @@ impl Guard {
             return;
         };
         let enforcing = opts.enforcing();
+        if enforcing && t.shift > 0 {
+            // The view sampled under earlier settings (a reload raced this request):
+            // limits need every series, so the counts start afresh, exact.
+            t.clear();
+        }
         let window = opts.window_secs();
         for p in &s.pending {
             if !t.sampled(p.key) {
@@ -618,7 +626,10 @@ impl Guard {
                 continue;
             }
             if logged.len() >= MAX_LOGGED {
-                logged.retain(|_, at| now.saturating_sub(*at) < 60);
+                // Pruned at most once a second: a flood of new names costs no rescans.
+                if self.log_pruned.swap(now, Ordering::Relaxed) != now {
+                    logged.retain(|_, at| now.saturating_sub(*at) < 60);
+                }
                 if logged.len() >= MAX_LOGGED {
                     continue;
                 }

@@ -11,8 +11,13 @@ const INDEX_BITS: u32 = 6;
 /// truncated (a label name per series is a bug of its own, and shown as such).
 pub const MAX_LABEL_NAMES: usize = 32;
 
+/// Label names longer than this are not sketched (reported as truncated): the names'
+/// bytes stay within [`MAX_BYTES`].
+pub const MAX_NAME_BYTES: usize = 128;
+
 /// Bytes one metric's sketches hold at most.
-pub const MAX_BYTES: usize = MAX_LABEL_NAMES * (2 * std::mem::size_of::<Generation>() + 48);
+pub const MAX_BYTES: usize =
+    MAX_LABEL_NAMES * (2 * std::mem::size_of::<Generation>() + 48 + MAX_NAME_BYTES);
 
 /// Values counted exactly per generation.
 const EXACT: usize = 16;
@@ -96,7 +101,7 @@ impl LabelSketches {
         self.enter(generation);
         let i = match self.labels.iter().position(|l| &*l.name == name) {
             Some(i) => i,
-            None if self.labels.len() < MAX_LABEL_NAMES => {
+            None if self.labels.len() < MAX_LABEL_NAMES && name.len() <= MAX_NAME_BYTES => {
                 self.labels.push(LabelSketch {
                     name: name.into(),
                     current: EMPTY,

@@ -16,7 +16,7 @@ pub const MAX_SKETCHED: usize = 256;
 /// Metrics (per tenant each) tracked at most, and the bytes of their and the tenants'
 /// names: a metric name per series cannot grow the tables past
 /// `MAX_METRICS * METRIC_BYTES + MAX_NAME_BYTES`.
-pub const MAX_METRICS: usize = 20_000;
+pub const MAX_METRICS: usize = 16_000;
 pub const MAX_NAME_BYTES: usize = 4 << 20;
 /// A metric's slot and its entry in its tenant's map, names aside.
 pub const METRIC_BYTES: usize = 160;
@@ -177,6 +177,13 @@ impl Tables {
     /// metric, or `None` when the tables hold as many metrics or name bytes as they may
     /// ([`MAX_METRICS`], [`MAX_NAME_BYTES`]).
     pub fn insert(&mut self, key: u64, tenant: &[u8], name: &[u8], now: u32) -> Option<u32> {
+        // No tenant slot for a series whose metric would not fit.
+        if self.metric(self.tenant(tenant), name).is_none()
+            && (self.live_metrics >= MAX_METRICS
+                || self.name_bytes + 2 * (name.len() + tenant.len()) > MAX_NAME_BYTES)
+        {
+            return None;
+        }
         let t = self.tenant_or_insert(tenant)?;
         let m = self.metric_or_insert(t, name)?;
         self.series.insert(

@@ -96,7 +96,7 @@ impl Guard {
                 let metrics_total = metrics.len();
                 TenantReport {
                     tenant: String::from_utf8_lossy(&slot.name).into_owned(),
-                    active_series: slot.series as u64 * scale,
+                    active_series: (slot.series as u64).saturating_mul(scale),
                     limit: nonzero(tenant_limit),
                     metrics_total,
                     metrics: metrics
@@ -104,7 +104,7 @@ impl Guard {
                         .take(top)
                         .map(|(n, name)| MetricReport {
                             name: String::from_utf8_lossy(name).into_owned(),
-                            active_series: n as u64 * scale,
+                            active_series: (n as u64).saturating_mul(scale),
                             limit: nonzero(metric_limit),
                         })
                         .collect(),
@@ -151,7 +151,7 @@ impl Guard {
                 Some(LabelsReport {
                     tenant: String::from_utf8_lossy(&slot.name).into_owned(),
                     metric: metric.to_string(),
-                    active_series: m.series as u64 * scale,
+                    active_series: (m.series as u64).saturating_mul(scale),
                     limit: nonzero(opts.limits_for(&slot.name).0),
                     labels: labels
                         .into_iter()

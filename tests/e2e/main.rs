@@ -7,6 +7,7 @@
 mod common;
 
 mod faults;
+mod limits;
 mod migrate;
 mod native_histograms;
 mod prometheus;
