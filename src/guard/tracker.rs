@@ -45,7 +45,65 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = v;
+        // One multiply: sampled keys have their top bits zero, and the table's control
+        // bytes come from the top bits.
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// The series table, in shards by bits 32 to 37 of the key (not the top ones, which
+/// sampling uses, nor the low ones, which pick a bucket): growing doubles one shard, a
+/// 64th of the table, so no single allocation is large.
+pub struct SeriesTable {
+    shards: Vec<HashMap<u64, Entry, BuildHasherDefault<IdHasher>>>,
+    len: usize,
+}
+
+const SHARDS: usize = 64;
+
+impl Default for SeriesTable {
+    fn default() -> Self {
+        SeriesTable {
+            shards: (0..SHARDS).map(|_| HashMap::default()).collect(),
+            len: 0,
+        }
+    }
+}
+
+impl SeriesTable {
+    #[inline]
+    fn shard(key: u64) -> usize {
+        ((key >> 32) as usize) & (SHARDS - 1)
+    }
+
+    #[inline]
+    pub fn get(&self, key: &u64) -> Option<&Entry> {
+        self.shards[Self::shard(*key)].get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn insert(&mut self, key: u64, e: Entry) {
+        if self.shards[Self::shard(key)].insert(key, e).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&u64, &mut Entry) -> bool) {
+        for shard in &mut self.shards {
+            shard.retain(&mut keep);
+        }
+        self.len = self.shards.iter().map(|s| s.len()).sum();
+    }
+
+    fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.capacity()).sum()
     }
 }
 
@@ -69,7 +127,7 @@ pub struct TenantSlot {
 
 #[derive(Default)]
 pub struct Tables {
-    pub series: HashMap<u64, Entry, BuildHasherDefault<IdHasher>>,
+    pub series: SeriesTable,
     pub metrics: Vec<Option<MetricSlot>>,
     free_metrics: Vec<u32>,
     pub tenants: Vec<Option<TenantSlot>>,
