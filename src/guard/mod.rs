@@ -203,6 +203,7 @@ pub struct Filtered {
 }
 
 /// One series' labels as the walk reads them.
+#[derive(Default)]
 struct Scan {
     labels: usize,
     longest_value: usize,
@@ -701,15 +702,7 @@ impl Guard {
         tenant_label: Option<&[u8]>,
     ) -> Option<Scan> {
         let b = body.get(..end)?;
-        let mut sc = Scan {
-            labels: 0,
-            longest_value: 0,
-            name: (0, 0),
-            tenant: None,
-            hash: 0,
-            samples: 0,
-            histograms: 0,
-        };
+        let mut sc = Scan::default();
         let mut p = start;
         while p < end && b[p] == 0x0a {
             let l = short_label_at(b, p)?;
@@ -753,15 +746,7 @@ impl Guard {
         end: usize,
         tenant_label: Option<&[u8]>,
     ) -> Result<Scan, DecodeError> {
-        let mut sc = Scan {
-            labels: 0,
-            longest_value: 0,
-            name: (0, 0),
-            tenant: None,
-            hash: 0,
-            samples: 0,
-            histograms: 0,
-        };
+        let mut sc = Scan::default();
         // Labels first, one after another (the mapper's shape): hashed as one slice.
         let mut first = None;
         let mut last = start;
