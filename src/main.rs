@@ -155,27 +155,31 @@ enum MigrateCommand {
         query: String,
     },
     /// Rewrite a Grafana dashboard (JSON): panels, rows, variables, legends, and
-    /// without --keep-values each panel's unit.
+    /// without --keep-values each panel's unit, thresholds and bounds. Also a ConfigMap
+    /// embedding dashboards or rule files, or a directory of them (with -o OUTDIR).
     Grafana {
         #[command(flatten)]
         opts: MigrateOptions,
         /// Keep every panel's values (and unit) as they were.
         #[arg(long)]
         keep_values: bool,
-        /// The dashboard (`-`: stdin).
+        /// The dashboard, or a directory (`-`: stdin).
         input: PathBuf,
-        /// Where to write the new dashboard (default: stdout).
+        /// Where to write the new dashboard (default: stdout); for a directory, the
+        /// directory that receives the migrated copy.
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
-    /// Rewrite a Prometheus rule file (alerting and recording rules); thresholds keep
-    /// their meaning.
+    /// Rewrite a Prometheus rule file (alerting and recording rules), a PrometheusRule
+    /// resource, a ConfigMap embedding them, several YAML documents, or a directory of
+    /// them (with -o OUTDIR); thresholds keep their meaning.
     Rules {
         #[command(flatten)]
         opts: MigrateOptions,
-        /// The rule file (`-`: stdin).
+        /// The rule file, or a directory (`-`: stdin).
         input: PathBuf,
-        /// Where to write the new rule file (default: stdout).
+        /// Where to write the new rule file (default: stdout); for a directory, the
+        /// directory that receives the migrated copy.
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
@@ -487,6 +491,81 @@ fn read_input(path: &PathBuf) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// `promnorm migrate grafana|rules DIR -o OUTDIR`: one summary line per file on stderr
+/// (or `--check`'s lines on stdout); 1 when a file failed or `--check` found old
+/// references.
+fn migrate_tree(
+    rws: &promnorm::migrate::files::Rewriters<'_, '_>,
+    opts: &MigrateOptions,
+    keep_values: bool,
+    dir: &std::path::Path,
+    output: Option<&PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use promnorm::migrate::{self, tree};
+    if output.is_none() && !opts.check {
+        anyhow::bail!(
+            "{} is a directory: name the directory that receives the migrated copy with -o \
+             OUTDIR (or run --check)",
+            dir.display()
+        );
+    }
+    let out = if opts.check { None } else { output };
+    let outcomes = tree::migrate_tree(rws, dir, out.map(PathBuf::as_path))?;
+    let entries: Vec<migrate::Entry> = outcomes
+        .iter()
+        .flat_map(|o| match &o.what {
+            tree::Outcome::Migrated { entries, .. } => entries.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
+    if let Some(path) = &opts.report {
+        std::fs::write(path, migrate::report_json(&entries, keep_values))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let failed = outcomes
+        .iter()
+        .filter(|o| matches!(o.what, tree::Outcome::Failed(_)))
+        .count();
+    if opts.check {
+        let lines = migrate::check_lines(&entries);
+        for l in &lines {
+            println!("{l}");
+        }
+        return Ok(if lines.is_empty() && failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    for l in migrate::finding_lines(&entries) {
+        eprintln!("{l}");
+    }
+    for o in &outcomes {
+        eprintln!("{}", o.summary());
+    }
+    let migrated = outcomes
+        .iter()
+        .filter(|o| matches!(o.what, tree::Outcome::Migrated { .. }))
+        .count();
+    let changed = outcomes
+        .iter()
+        .filter(|o| matches!(o.what, tree::Outcome::Migrated { changed: true, .. }))
+        .count();
+    eprintln!(
+        "{} files: {migrated} dashboards or rule files ({changed} changed), {} copied as they \
+         are, {failed} failed; {} expressions need a human",
+        outcomes.len(),
+        outcomes.len() - migrated - failed,
+        entries.iter().filter(|e| e.needs_human()).count()
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 /// `promnorm migrate …`: 0 done (or `--check`: nothing old referenced); 1 when `--check`
 /// found old references, or on an error (printed by the caller).
 fn migrate(what: MigrateCommand) -> anyhow::Result<ExitCode> {
@@ -505,18 +584,24 @@ fn migrate(what: MigrateCommand) -> anyhow::Result<ExitCode> {
     let cfg = load(opts.config.as_ref())?;
     let rules = cfg.compile_rules()?;
     let rw = QueryRewriter::new(&rules, keep_values);
+    let rules_rw = QueryRewriter::new(&rules, true);
+    let rws = migrate::files::Rewriters {
+        dashboards: &rw,
+        rules: &rules_rw,
+    };
     let (text, output, entries): (String, Option<&PathBuf>, Vec<Entry>) = match &what {
         MigrateCommand::Query { query, .. } => {
             let r = rw.rewrite(query);
             let entry = Entry::from_query("query", query, &r);
             (format!("{}\n", r.query), None, vec![entry])
         }
-        MigrateCommand::Grafana { input, output, .. } => {
-            let m = migrate::grafana::migrate(&rw, &read_input(input)?)?;
-            (m.text, output.as_ref(), m.entries)
-        }
-        MigrateCommand::Rules { input, output, .. } => {
-            let m = migrate::rules_file::migrate(&rw, &read_input(input)?)?;
+        MigrateCommand::Grafana { input, output, .. }
+        | MigrateCommand::Rules { input, output, .. } => {
+            if input.is_dir() {
+                return migrate_tree(&rws, opts, keep_values, input, output.as_ref());
+            }
+            let m = migrate::files::migrate(&rws, &read_input(input)?)
+                .with_context(|| input.display().to_string())?;
             (m.text, output.as_ref(), m.entries)
         }
     };

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::json_edit::{Path, Seg, replace_strings, show};
+use super::json_edit::{Path, Seg, replace_values, show};
 use super::promql::{Finding, QueryRewriter, Reason, Rewritten};
 use super::{Entry, MigrateError};
 use crate::mapping::number::Factor;
@@ -44,7 +44,7 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
             );
         }
     }
-    let text = replace_strings(text, &m.edits).map_err(|e| MigrateError::Json(e.to_string()))?;
+    let text = replace_values(text, &m.edits).map_err(|e| MigrateError::Json(e.to_string()))?;
     Ok(Migrated {
         text,
         entries: m.entries,
@@ -69,14 +69,15 @@ fn at(base: &[Seg], more: &[Seg]) -> Path {
 
 struct Dashboard<'a, 'r> {
     rw: &'a QueryRewriter<'r>,
-    edits: HashMap<Path, String>,
+    edits: HashMap<Path, Value>,
     entries: Vec<Entry>,
 }
 
 impl Dashboard<'_, '_> {
     fn record(&mut self, path: &Path, before: &str, r: &Rewritten, panel: Option<&str>) {
         if r.changed {
-            self.edits.insert(path.clone(), r.query.clone());
+            self.edits
+                .insert(path.clone(), Value::String(r.query.clone()));
         }
         if r.changed || !r.findings.is_empty() || !r.old_references.is_empty() {
             self.entries.push(Entry {
@@ -94,32 +95,64 @@ impl Dashboard<'_, '_> {
 
     fn panel(&mut self, p: &Value, path: Path) {
         let title = p.get("title").and_then(Value::as_str).unwrap_or("");
-        let mut factors: Vec<Option<Factor>> = Vec::new();
-        if let Some(Value::Array(targets)) = p.get("targets") {
-            for (i, t) in targets.iter().enumerate() {
+        // Empty expressions are normal in Grafana (a query row not filled in yet).
+        let mut targets: Vec<(Path, &str, Option<&str>)> = Vec::new();
+        if let Some(Value::Array(ts)) = p.get("targets") {
+            for (i, t) in ts.iter().enumerate() {
                 let Some(expr) = t.get("expr").and_then(Value::as_str) else {
                     continue;
                 };
-                let tpath = at(&path, &["targets".into(), i.into()]);
-                let r = self.rw.rewrite(expr);
-                self.record(&at(&tpath, &["expr".into()]), expr, &r, Some(title));
-                factors.push(r.value_factor);
-                if let Some(legend) = t.get("legendFormat").and_then(Value::as_str) {
-                    let new = rename_template_labels(legend, &r.label_renames);
-                    if new != legend {
-                        self.edits
-                            .insert(at(&tpath, &["legendFormat".into()]), new.clone());
-                        self.entries.push(Entry {
-                            location: show(&at(&tpath, &["legendFormat".into()])),
-                            before: legend.to_string(),
-                            after: new,
-                            findings: vec![Finding {
-                                reason: Reason::LabelRenamed,
-                                detail: "a legend names a renamed label".into(),
-                            }],
-                            old_references: Vec::new(),
-                        });
-                    }
+                if expr.trim().is_empty() {
+                    continue;
+                }
+                let legend = t.get("legendFormat").and_then(Value::as_str);
+                targets.push((at(&path, &["targets".into(), i.into()]), expr, legend));
+            }
+        }
+        let mut rewrites: Vec<Rewritten> = targets.iter().map(|t| self.rw.rewrite(t.1)).collect();
+        if !self.rw.keep_values() {
+            let factors: Vec<Option<Factor>> = rewrites.iter().map(|r| r.value_factor).collect();
+            match unit_plan(p, &path, &factors) {
+                UnitPlan::Unchanged => {}
+                UnitPlan::Follow { factor, units } => {
+                    self.follow_unit(p, &path, title, factor, &units)
+                }
+                UnitPlan::KeepValues(why) => {
+                    // Numbers and unit must agree: this panel's queries return the old values.
+                    let keep = self.rw.keeping_values();
+                    rewrites = targets.iter().map(|t| keep.rewrite(t.1)).collect();
+                    self.entries.push(Entry {
+                        location: format!("{} (panel {title:?})", show(&path)),
+                        before: String::new(),
+                        after: String::new(),
+                        findings: vec![Finding {
+                            reason: Reason::ValuesRestored,
+                            detail: format!("{why}: the panel's queries keep their old values"),
+                        }],
+                        old_references: Vec::new(),
+                    });
+                }
+            }
+        }
+        for ((tpath, expr, legend), r) in targets.iter().zip(&rewrites) {
+            self.record(&at(tpath, &["expr".into()]), expr, r, Some(title));
+            if let Some(legend) = legend {
+                let new = rename_template_labels(legend, &r.label_renames);
+                if new != *legend {
+                    self.edits.insert(
+                        at(tpath, &["legendFormat".into()]),
+                        Value::String(new.clone()),
+                    );
+                    self.entries.push(Entry {
+                        location: show(&at(tpath, &["legendFormat".into()])),
+                        before: legend.to_string(),
+                        after: new,
+                        findings: vec![Finding {
+                            reason: Reason::LabelRenamed,
+                            detail: "a legend names a renamed label".into(),
+                        }],
+                        old_references: Vec::new(),
+                    });
                 }
             }
         }
@@ -128,122 +161,56 @@ impl Dashboard<'_, '_> {
                 self.panel(c, at(&path, &["panels".into(), i.into()]));
             }
         }
-        if !self.rw.keep_values() {
-            self.panel_unit(p, &path, title, &factors);
-        }
     }
 
-    /// Without `--keep-values`, the panel's unit follows its values' new unit.
-    fn panel_unit(&mut self, p: &Value, path: &Path, title: &str, factors: &[Option<Factor>]) {
-        let changed: Vec<Factor> = factors.iter().flatten().copied().collect();
-        let Some(&f) = changed.first() else {
-            return;
-        };
-        let loc = format!("{} (panel {title:?})", show(path));
-        let mut note = |detail: String| {
+    /// Without `--keep-values`: the panel's units follow its values' new unit, and so do
+    /// its thresholds, bounds and range mappings.
+    fn follow_unit(
+        &mut self,
+        p: &Value,
+        path: &Path,
+        title: &str,
+        f: Factor,
+        units: &[(Path, String, &'static str, bool)],
+    ) {
+        for (upath, unit, new, exact) in units {
+            if *new == unit.as_str() {
+                continue;
+            }
+            self.edits
+                .insert(upath.clone(), Value::String(new.to_string()));
+            let detail = if *exact {
+                format!("values are now {f}: unit {unit} → {new}")
+            } else {
+                format!(
+                    "values are now {f}, and no Grafana unit is exactly {unit} {}: unit {unit} → \
+                     {new}, the nearest (the panel now shows the values' exact amount)",
+                    super::inverse_text(f)
+                )
+            };
             self.entries.push(Entry {
-                location: loc.clone(),
-                before: String::new(),
-                after: String::new(),
+                location: format!("{} (panel {title:?})", show(upath)),
+                before: unit.clone(),
+                after: new.to_string(),
                 findings: vec![Finding {
                     reason: Reason::UnitChanged,
                     detail,
                 }],
                 old_references: Vec::new(),
-            })
-        };
-        if changed.iter().any(|g| *g != f) || changed.len() != factors.len() {
-            note(
-                "the panel's queries changed unit by different factors: one unit cannot fit \
-                 them; rerun with --keep-values or split the panel"
-                    .into(),
-            );
-            return;
+            });
         }
-        let mut units: Vec<(Path, &str)> = Vec::new();
-        if let Some(u) = p
-            .pointer("/fieldConfig/defaults/unit")
-            .and_then(Value::as_str)
-        {
-            units.push((
-                at(
-                    path,
-                    &["fieldConfig".into(), "defaults".into(), "unit".into()],
-                ),
-                u,
-            ));
-        }
-        if let Some(Value::Array(ovs)) = p.pointer("/fieldConfig/overrides") {
-            for (i, o) in ovs.iter().enumerate() {
-                let Some(Value::Array(props)) = o.get("properties") else {
-                    continue;
-                };
-                for (j, prop) in props.iter().enumerate() {
-                    if prop.get("id").and_then(Value::as_str) == Some("unit")
-                        && let Some(u) = prop.get("value").and_then(Value::as_str)
-                    {
-                        units.push((
-                            at(
-                                path,
-                                &[
-                                    "fieldConfig".into(),
-                                    "overrides".into(),
-                                    i.into(),
-                                    "properties".into(),
-                                    j.into(),
-                                    "value".into(),
-                                ],
-                            ),
-                            u,
-                        ));
-                    }
-                }
-            }
-        }
-        if let Some(Value::Array(axes)) = p.get("yaxes") {
-            for (i, a) in axes.iter().enumerate() {
-                if let Some(u) = a.get("format").and_then(Value::as_str) {
-                    units.push((at(path, &["yaxes".into(), i.into(), "format".into()]), u));
-                }
-            }
-        }
-        if units.is_empty() {
-            note(format!(
-                "values are now {f}; the panel sets no unit to change"
-            ));
-            return;
-        }
-        for (upath, unit) in units {
-            match convert_unit(unit, f) {
-                Some(new) if new == unit => {}
-                Some(new) => {
-                    self.edits.insert(upath.clone(), new.to_string());
-                    self.entries.push(Entry {
-                        location: format!("{} (panel {title:?})", show(&upath)),
-                        before: unit.to_string(),
-                        after: new.to_string(),
-                        findings: vec![Finding {
-                            reason: Reason::UnitChanged,
-                            detail: format!("values are now {f}: unit {unit} → {new}"),
-                        }],
-                        old_references: Vec::new(),
-                    });
-                }
-                None => self.entries.push(Entry {
-                    location: format!("{} (panel {title:?})", show(&upath)),
-                    before: unit.to_string(),
-                    after: unit.to_string(),
-                    findings: vec![Finding {
-                        reason: Reason::Unsupported,
-                        detail: format!(
-                            "values are now {f}, and no Grafana unit is {unit} {}: set the \
-                             unit by hand",
-                            super::inverse_text(f)
-                        ),
-                    }],
-                    old_references: Vec::new(),
-                }),
-            }
+        for (npath, old, new) in scaled_numbers(p, path, f) {
+            self.entries.push(Entry {
+                location: format!("{} (panel {title:?})", show(&npath)),
+                before: old.to_string(),
+                after: new.to_string(),
+                findings: vec![Finding {
+                    reason: Reason::ThresholdRescaled,
+                    detail: format!("{old} → {new} (values {f})"),
+                }],
+                old_references: Vec::new(),
+            });
+            self.edits.insert(npath, new);
         }
     }
 
@@ -266,8 +233,10 @@ impl Dashboard<'_, '_> {
             && let Some(def) = v.get("definition").and_then(Value::as_str)
             && def == query
         {
-            self.edits
-                .insert(at(&path, &["definition".into()]), r.query.clone());
+            self.edits.insert(
+                at(&path, &["definition".into()]),
+                Value::String(r.query.clone()),
+            );
         }
         if let Some(e) = self.entries.last_mut()
             && e.before == query
@@ -328,6 +297,250 @@ impl Dashboard<'_, '_> {
         }
         self.rw.rewrite(q)
     }
+}
+
+/// What a panel's unit does when its queries' values change unit.
+enum UnitPlan {
+    /// The values do not change.
+    Unchanged,
+    /// Every unit of the panel (path, old, new, exact) follows factor `factor`.
+    Follow {
+        factor: Factor,
+        units: Vec<(Path, String, &'static str, bool)>,
+    },
+    /// No unit can follow: the panel keeps its values (why).
+    KeepValues(String),
+}
+
+fn unit_plan(p: &Value, path: &Path, factors: &[Option<Factor>]) -> UnitPlan {
+    let changed: Vec<Factor> = factors.iter().flatten().copied().collect();
+    let Some(&f) = changed.first() else {
+        return UnitPlan::Unchanged;
+    };
+    if changed.iter().any(|g| *g != f) || changed.len() != factors.len() {
+        return UnitPlan::KeepValues(
+            "the panel's queries would change unit by different factors, and one unit cannot \
+             show them all"
+                .into(),
+        );
+    }
+    let units = panel_units(p, path);
+    if units.is_empty() {
+        return UnitPlan::KeepValues(format!(
+            "the values would be {f}, and the panel sets no unit that could follow them"
+        ));
+    }
+    let mut out = Vec::with_capacity(units.len());
+    for (upath, unit) in units {
+        match convert_unit(&unit, f) {
+            Some(new) => out.push((upath, unit, new, true)),
+            None => match nearest_unit(&unit, f) {
+                Some(new) => out.push((upath, unit, new, false)),
+                None => {
+                    return UnitPlan::KeepValues(format!(
+                        "the values would be {f}, and no Grafana unit is {unit} {}",
+                        super::inverse_text(f)
+                    ));
+                }
+            },
+        }
+    }
+    UnitPlan::Follow {
+        factor: f,
+        units: out,
+    }
+}
+
+/// The units a panel sets: its default, its overrides', and a graph panel's left axis
+/// (its right axis too when a series is drawn on it).
+fn panel_units(p: &Value, path: &Path) -> Vec<(Path, String)> {
+    let mut units: Vec<(Path, String)> = Vec::new();
+    if let Some(u) = p
+        .pointer("/fieldConfig/defaults/unit")
+        .and_then(Value::as_str)
+    {
+        units.push((
+            at(
+                path,
+                &["fieldConfig".into(), "defaults".into(), "unit".into()],
+            ),
+            u.to_string(),
+        ));
+    }
+    if let Some(Value::Array(ovs)) = p.pointer("/fieldConfig/overrides") {
+        for (i, o) in ovs.iter().enumerate() {
+            let Some(Value::Array(props)) = o.get("properties") else {
+                continue;
+            };
+            for (j, prop) in props.iter().enumerate() {
+                if prop.get("id").and_then(Value::as_str) == Some("unit")
+                    && let Some(u) = prop.get("value").and_then(Value::as_str)
+                {
+                    units.push((
+                        at(
+                            path,
+                            &[
+                                "fieldConfig".into(),
+                                "overrides".into(),
+                                i.into(),
+                                "properties".into(),
+                                j.into(),
+                                "value".into(),
+                            ],
+                        ),
+                        u.to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    let right_axis_used = p
+        .get("seriesOverrides")
+        .and_then(Value::as_array)
+        .is_some_and(|o| {
+            o.iter()
+                .any(|s| s.get("yaxis").and_then(Value::as_u64) == Some(2))
+        });
+    if let Some(Value::Array(axes)) = p.get("yaxes") {
+        for (i, a) in axes
+            .iter()
+            .enumerate()
+            .take(if right_axis_used { 2 } else { 1 })
+        {
+            if let Some(u) = a.get("format").and_then(Value::as_str) {
+                units.push((
+                    at(path, &["yaxes".into(), i.into(), "format".into()]),
+                    u.to_string(),
+                ));
+            }
+        }
+    }
+    units
+}
+
+/// The numbers of a panel read in its values' unit (bounds, absolute thresholds, range
+/// mappings, a graph's axis bounds and thresholds), each with its value `f` times.
+fn scaled_numbers(p: &Value, path: &Path, f: Factor) -> Vec<(Path, Value, Value)> {
+    let mut out = Vec::new();
+    let mut visit = |v: Option<&Value>, at_path: Path| {
+        if let Some(new) = v.and_then(|v| scale_number(v, f)) {
+            out.push((at_path, v.cloned().unwrap_or(Value::Null), new));
+        }
+    };
+    // One field config (defaults, or an override's property by id).
+    fn config_numbers(cfg: &Value, base: &Path, visit: &mut dyn FnMut(Option<&Value>, Path)) {
+        for k in ["min", "max"] {
+            visit(cfg.get(k), at(base, &[k.into()]));
+        }
+        thresholds(
+            cfg.get("thresholds"),
+            &at(base, &["thresholds".into()]),
+            visit,
+        );
+        if let Some(Value::Array(maps)) = cfg.get("mappings") {
+            mappings(maps, &at(base, &["mappings".into()]), visit);
+        }
+    }
+    fn thresholds(t: Option<&Value>, base: &Path, visit: &mut dyn FnMut(Option<&Value>, Path)) {
+        let Some(t) = t else { return };
+        if t.get("mode").and_then(Value::as_str) == Some("percentage") {
+            return;
+        }
+        if let Some(Value::Array(steps)) = t.get("steps") {
+            for (i, s) in steps.iter().enumerate() {
+                visit(
+                    s.get("value"),
+                    at(base, &["steps".into(), i.into(), "value".into()]),
+                );
+            }
+        }
+    }
+    fn mappings(maps: &[Value], base: &Path, visit: &mut dyn FnMut(Option<&Value>, Path)) {
+        for (i, m) in maps.iter().enumerate() {
+            if m.get("type").and_then(Value::as_str) == Some("range") {
+                for k in ["from", "to"] {
+                    visit(
+                        m.pointer(&format!("/options/{k}")),
+                        at(base, &[i.into(), "options".into(), k.into()]),
+                    );
+                }
+            }
+        }
+    }
+    let defaults = at(path, &["fieldConfig".into(), "defaults".into()]);
+    if let Some(d) = p.pointer("/fieldConfig/defaults") {
+        config_numbers(d, &defaults, &mut visit);
+    }
+    if let Some(Value::Array(ovs)) = p.pointer("/fieldConfig/overrides") {
+        for (i, o) in ovs.iter().enumerate() {
+            let Some(Value::Array(props)) = o.get("properties") else {
+                continue;
+            };
+            for (j, prop) in props.iter().enumerate() {
+                let base = at(
+                    path,
+                    &[
+                        "fieldConfig".into(),
+                        "overrides".into(),
+                        i.into(),
+                        "properties".into(),
+                        j.into(),
+                        "value".into(),
+                    ],
+                );
+                match prop.get("id").and_then(Value::as_str) {
+                    Some("min" | "max") => visit(prop.get("value"), base),
+                    Some("thresholds") => thresholds(prop.get("value"), &base, &mut visit),
+                    Some("mappings") => {
+                        if let Some(Value::Array(maps)) = prop.get("value") {
+                            mappings(maps, &base, &mut visit);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    if let Some(Value::Array(axes)) = p.get("yaxes") {
+        for (i, a) in axes.iter().enumerate().take(1) {
+            for k in ["min", "max"] {
+                visit(a.get(k), at(path, &["yaxes".into(), i.into(), k.into()]));
+            }
+        }
+    }
+    if let Some(Value::Array(ts)) = p.get("thresholds") {
+        for (i, t) in ts.iter().enumerate() {
+            visit(
+                t.get("value"),
+                at(path, &["thresholds".into(), i.into(), "value".into()]),
+            );
+        }
+    }
+    out
+}
+
+/// A number (or a number written as a string, as graph axes do) times `f`; `None` for
+/// anything else (`null`, an empty bound).
+fn scale_number(v: &Value, f: Factor) -> Option<Value> {
+    let (x, as_string) = match v {
+        Value::Number(n) => (n.as_f64()?, false),
+        Value::String(s) if !s.trim().is_empty() => (s.trim().parse::<f64>().ok()?, true),
+        _ => return None,
+    };
+    let y = f.apply(x);
+    if !y.is_finite() {
+        return None;
+    }
+    let num = if y.fract() == 0.0 && y.abs() < 9.0e15 {
+        Value::from(y as i64)
+    } else {
+        Value::from(y)
+    };
+    Some(if as_string {
+        Value::String(num.to_string())
+    } else {
+        num
+    })
 }
 
 fn unchanged(q: &str) -> Rewritten {
@@ -435,6 +648,22 @@ pub fn convert_unit(unit: &str, f: Factor) -> Option<&'static str> {
         .map(|(id, _, _)| *id)
 }
 
+/// The unit of the same quantity nearest (within 10%) to showing values `f` times the
+/// old ones: `decmbytes` (10^6 bytes) over values that were MiB reads `bytes` once they
+/// are bytes. `None` when nothing is that near.
+pub fn nearest_unit(unit: &str, f: Factor) -> Option<&'static str> {
+    let &(_, quantity, size) = UNITS.iter().find(|(id, _, _)| *id == unit)?;
+    let want = size / f.apply(1.0);
+    UNITS
+        .iter()
+        .filter(|(_, q, s)| *q == quantity && ((s - want) / want).abs() < 0.1)
+        .min_by(|a, b| {
+            let d = |s: f64| ((s - want) / want).abs();
+            d(a.2).total_cmp(&d(b.2))
+        })
+        .map(|(id, _, _)| *id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +698,106 @@ mod tests {
         );
         let r = d.variable_query("label_values(model_name)");
         assert!(!r.changed && r.findings.is_empty());
+    }
+
+    fn dcgm() -> crate::mapping::Rules {
+        crate::migrate::test_rules(
+            "pack: dcgm\nrules:\n  - match: {prefix: DCGM_}\n    rename_labels: {Hostname: hostname}\n  - match: {family: DCGM_FI_DEV_FB_USED}\n    type: gauge\n    rename: DCGM_FI_DEV_FB_USED_bytes\n    scale: \"1048576\"\n    unit: bytes\n  - match: {family: DCGM_FI_DEV_SM_CLOCK}\n    type: gauge\n    rename: DCGM_FI_DEV_SM_CLOCK_hertz\n    scale: \"1000000\"\n    unit: hertz\n  - match: {family: lat_ms}\n    type: gauge\n    rename: lat_seconds\n    scale: 1/1000\n    unit: seconds\n",
+        )
+    }
+
+    fn panel(unit: &str, expr: &str) -> String {
+        format!(
+            r#"{{"panels": [{{"title": "p", "type": "timeseries", "fieldConfig": {{"defaults": {{"unit": "{unit}", "min": 0, "max": 2000, "thresholds": {{"mode": "absolute", "steps": [{{"color": "green", "value": null}}, {{"color": "red", "value": 500}}]}}, "mappings": [{{"type": "range", "options": {{"from": 100, "to": 200, "result": {{"text": "busy"}}}}}}]}}, "overrides": []}}, "targets": [{{"expr": "{expr}", "legendFormat": "{{{{Hostname}}}}"}}, {{"expr": ""}}]}}]}}"#
+        )
+    }
+
+    fn migrated(unit: &str, expr: &str) -> (Value, Vec<Entry>) {
+        let rules = dcgm();
+        let m = migrate(&QueryRewriter::new(&rules, false), &panel(unit, expr)).expect("migrates");
+        (
+            serde_json::from_str(&m.text).expect("valid JSON"),
+            m.entries,
+        )
+    }
+
+    #[test]
+    fn units_thresholds_and_bounds_follow_the_values_together() {
+        let (d, entries) = migrated("ms", "lat_ms");
+        let p = &d["panels"][0];
+        assert_eq!(p["targets"][0]["expr"], "lat_seconds");
+        assert_eq!(p["fieldConfig"]["defaults"]["unit"], "s");
+        assert_eq!(p["fieldConfig"]["defaults"]["max"], 2.0);
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"],
+            0.5
+        );
+        assert!(p["fieldConfig"]["defaults"]["thresholds"]["steps"][0]["value"].is_null());
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["mappings"][0]["options"]["from"],
+            0.1
+        );
+        assert!(
+            !entries
+                .iter()
+                .any(|e| e.findings.iter().any(|f| f.reason == Reason::ParseError)),
+            "an empty expression is not an error: {:?}",
+            entries.iter().map(|e| &e.location).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_unit_without_an_equivalent_is_never_left_disagreeing_with_its_numbers() {
+        // decmbytes (10^6 bytes) over MiB: bytes, the nearest, shows the exact amount.
+        let (d, _) = migrated("decmbytes", "DCGM_FI_DEV_FB_USED");
+        let p = &d["panels"][0];
+        assert_eq!(p["targets"][0]["expr"], "DCGM_FI_DEV_FB_USED_bytes");
+        assert_eq!(p["fieldConfig"]["defaults"]["unit"], "bytes");
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"],
+            500 * 1048576
+        );
+        // The user's own conversion cancels the pack's: nothing left to scale.
+        let (d, _) = migrated("bytes", "DCGM_FI_DEV_FB_USED * 1024 * 1024");
+        let p = &d["panels"][0];
+        assert_eq!(p["targets"][0]["expr"], "DCGM_FI_DEV_FB_USED_bytes");
+        assert_eq!(p["fieldConfig"]["defaults"]["unit"], "bytes");
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"],
+            500
+        );
+        let (d, _) = migrated("hertz", "max by (gpu) (DCGM_FI_DEV_SM_CLOCK) * 1000000");
+        assert_eq!(
+            d["panels"][0]["targets"][0]["expr"],
+            "max by (gpu) (DCGM_FI_DEV_SM_CLOCK_hertz)"
+        );
+        assert_eq!(d["panels"][0]["fieldConfig"]["defaults"]["unit"], "hertz");
+        // No unit can say ×2^20 of "short": the panel keeps its values, exactly.
+        let (d, entries) = migrated("short", "DCGM_FI_DEV_FB_USED");
+        let p = &d["panels"][0];
+        assert_eq!(
+            p["targets"][0]["expr"],
+            "DCGM_FI_DEV_FB_USED_bytes / 1048576"
+        );
+        assert_eq!(p["fieldConfig"]["defaults"]["unit"], "short");
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"],
+            500
+        );
+        assert!(
+            entries.iter().any(|e| e
+                .findings
+                .iter()
+                .any(|f| f.reason == Reason::ValuesRestored)),
+            "said why"
+        );
+    }
+
+    #[test]
+    fn a_legend_follows_a_label_the_selector_does_not_name() {
+        let (d, _) = migrated("percent", "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(d["panels"][0]["targets"][0]["legendFormat"], "{{hostname}}");
+        assert_eq!(d["panels"][0]["targets"][0]["expr"], "DCGM_FI_DEV_GPU_UTIL");
     }
 
     #[test]

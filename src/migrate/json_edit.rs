@@ -1,7 +1,9 @@
-//! Replacing string values in a JSON text at given paths, keeping every other byte (key
-//! order, spacing, number spelling) as it was.
+//! Replacing values (strings, numbers) in a JSON text at given paths, keeping every
+//! other byte (key order, spacing, number spelling) as it was.
 
 use std::collections::HashMap;
+
+use serde_json::Value;
 
 /// One step of a path: an object key or an array index.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -38,6 +40,16 @@ pub struct EditError {
 
 /// `text` with the string value at each path of `edits` replaced by the new string.
 pub fn replace_strings(text: &str, edits: &HashMap<Path, String>) -> Result<String, EditError> {
+    let values: HashMap<Path, Value> = edits
+        .iter()
+        .map(|(p, s)| (p.clone(), Value::String(s.clone())))
+        .collect();
+    replace_values(text, &values)
+}
+
+/// `text` with the scalar (string, number, `null`) at each path of `edits` replaced by
+/// the new value, written as compact JSON.
+pub fn replace_values(text: &str, edits: &HashMap<Path, Value>) -> Result<String, EditError> {
     let mut w = Walker {
         s: text.as_bytes(),
         text,
@@ -63,7 +75,7 @@ struct Walker<'a> {
     i: usize,
     out: String,
     copied: usize,
-    edits: &'a HashMap<Path, String>,
+    edits: &'a HashMap<Path, Value>,
     path: Path,
 }
 
@@ -85,15 +97,11 @@ impl Walker<'_> {
             Some(b'"') => {
                 let start = self.i;
                 self.string()?;
-                if let Some(new) = self.edits.get(&self.path) {
-                    self.out.push_str(&self.text[self.copied..start]);
-                    self.out
-                        .push_str(&serde_json::to_string(new).unwrap_or_else(|_| "\"\"".into()));
-                    self.copied = self.i;
-                }
+                self.replace(start);
                 Ok(())
             }
             Some(_) => {
+                let start = self.i;
                 while self
                     .s
                     .get(self.i)
@@ -101,9 +109,20 @@ impl Walker<'_> {
                 {
                     self.i += 1;
                 }
+                self.replace(start);
                 Ok(())
             }
             None => Err(self.err("unexpected end")),
+        }
+    }
+
+    /// The scalar that ends here and began at `start` is replaced when `edits` names it.
+    fn replace(&mut self, start: usize) {
+        if let Some(new) = self.edits.get(&self.path) {
+            self.out.push_str(&self.text[self.copied..start]);
+            self.out
+                .push_str(&serde_json::to_string(new).unwrap_or_else(|_| "null".into()));
+            self.copied = self.i;
         }
     }
 
@@ -198,6 +217,26 @@ mod tests {
             "{\n  \"b\": 1.50,  \"a\": [ {\"expr\": \"x\\\"y\"}, {\"expr\": \"w\\\"v\"} ],\n \"u\": \"s\"\n}\n"
         );
         assert_eq!(replace_strings(text, &HashMap::new()).expect("valid"), text);
+    }
+
+    #[test]
+    fn numbers_and_nulls_are_replaced_too() {
+        let text = "{\"steps\": [ {\"value\": null}, {\"value\": 80.50} ], \"max\": 1e3}";
+        let mut edits = HashMap::new();
+        let at = |i| {
+            vec![
+                Seg::Key("steps".into()),
+                Seg::Index(i),
+                Seg::Key("value".into()),
+            ]
+        };
+        edits.insert(at(1), Value::from(84410368u64));
+        edits.insert(vec![Seg::Key("max".into())], Value::from(0.5));
+        let out = replace_values(text, &edits).expect("valid JSON");
+        assert_eq!(
+            out,
+            "{\"steps\": [ {\"value\": null}, {\"value\": 84410368} ], \"max\": 0.5}"
+        );
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! One engine ([`promql::QueryRewriter`]) serves the three front ends; each returns the
 //! new text and one [`Entry`] per expression it changed or has something to say about.
 
+pub mod files;
 pub mod grafana;
 pub mod json_edit;
 pub mod promql;
 pub mod rules_file;
 pub mod template;
+pub mod tree;
 
 pub use promql::{Finding, QueryRewriter, Reason, Rewritten, SelectorChange};
 
@@ -22,6 +24,9 @@ pub enum MigrateError {
     Json(String),
     #[error("not a Prometheus rule file: {0}")]
     Rules(String),
+    /// Valid YAML, but no form `migrate` knows (a Service, a kustomization).
+    #[error("{0}")]
+    Unrecognized(String),
 }
 
 /// One expression (or unit, or legend) of a file: where, before, after, and why.

@@ -288,6 +288,11 @@ impl<'r> QueryRewriter<'r> {
         self.keep_values
     }
 
+    /// The same rules, returning the old values (a panel whose unit cannot follow).
+    pub fn keeping_values(&self) -> QueryRewriter<'r> {
+        QueryRewriter::new(self.rules, true)
+    }
+
     /// Rewrites one query. Grafana variables (`$var`, `${var}`, `[[var]]`,
     /// `$__rate_interval`) are kept as they are.
     pub fn rewrite(&self, query: &str) -> Rewritten {
@@ -344,9 +349,18 @@ impl<'r> QueryRewriter<'r> {
                 ),
             );
         }
+        // The labels renamed in the text, and those the result's series carry renamed
+        // (a legend `{{Hostname}}` over a selector that does not name it).
+        let mut label_renames = walk.renames;
+        for r in val.renames {
+            if !label_renames.iter().any(|(f, _)| *f == r.0) {
+                label_renames.push(r);
+            }
+        }
         if !walk.changed {
             return Rewritten {
                 le_factor,
+                label_renames,
                 old_references: walk.old,
                 selectors: walk.selectors,
                 ..unchanged(walk.findings)
@@ -359,7 +373,7 @@ impl<'r> QueryRewriter<'r> {
             findings: walk.findings,
             value_factor,
             le_factor,
-            label_renames: walk.renames,
+            label_renames,
             old_references: walk.old,
             selectors: walk.selectors,
         }
@@ -400,6 +414,7 @@ impl Walk<'_> {
             Expr::MatrixSelector(ms) => self.selector(&mut ms.vs),
             Expr::Subquery(sq) => self.expr(&mut sq.expr),
             Expr::Aggregate(a) => self.aggregate(a),
+            Expr::Binary(b) if chain_step(b).is_some() => self.literal_chain(e),
             Expr::Binary(b) => self.binary(b),
             Expr::Call(c) => self.call(c),
             Expr::Extension(_) => {
@@ -890,6 +905,67 @@ impl Walk<'_> {
         }
     }
 
+    /// `v * c1 / c2 …`, a series scaled by number literals (a user's own unit
+    /// conversion): when `v`'s values change by `f`, the literals absorb it, so the
+    /// expression keeps its values and reads simpler (`FB_USED * 1024 * 1024` →
+    /// `FB_USED_bytes`; `lat_ms / 1000` → `lat_seconds`). When no literal can say the
+    /// new factor exactly, the product carries `f` as any product does.
+    fn literal_chain(&mut self, e: &mut Expr) -> Val {
+        let (depth, product) = chain_of(e);
+        let v = self.expr(chain_inner(e, depth));
+        let plain = Val {
+            factor: v.factor,
+            le: None,
+            constant: false,
+            renames: v.renames.clone(),
+        };
+        if v.factor.is_one() || v.constant {
+            return plain;
+        }
+        // new = old × f: the literals' product becomes product / f.
+        let f = v.factor;
+        let want = product * f.den as f64 / f.num as f64;
+        // Without --keep-values only an exact cancellation is absorbed (the values are
+        // then in the new unit and the old one alike); otherwise the factor is carried.
+        let Some(literal) =
+            Literal::of(want).filter(|l| self.keep_values || matches!(l, Literal::One))
+        else {
+            return plain;
+        };
+        let inner = std::mem::replace(chain_inner(e, depth), Expr::from(0.0));
+        let paren = |x: Expr| match x {
+            Expr::Binary(_) | Expr::Unary(_) => Expr::Paren(ParenExpr { expr: Box::new(x) }),
+            other => other,
+        };
+        let num = |v: f64| Expr::NumberLiteral(NumberLiteral { val: v });
+        let bin = |lhs: Expr, op, rhs: Expr| {
+            Expr::Binary(BinaryExpr {
+                op: TokenType::new(op),
+                lhs: Box::new(lhs),
+                rhs: Box::new(rhs),
+                modifier: None,
+            })
+        };
+        *e = match literal {
+            Literal::One => inner,
+            Literal::Times(n) => bin(paren(inner), token::T_MUL, num(n)),
+            Literal::Over(n) => bin(paren(inner), token::T_DIV, num(n)),
+        };
+        self.changed = true;
+        self.note(
+            Reason::ThresholdRescaled,
+            format!(
+                "the expression's own factor ({}) now says the unit change too: its values \
+                 are the old ones",
+                fmt_number(product)
+            ),
+        );
+        Val {
+            factor: Factor::ONE,
+            ..plain
+        }
+    }
+
     fn binary(&mut self, b: &mut BinaryExpr) -> Val {
         let lv = self.expr(&mut b.lhs);
         let rv = self.expr(&mut b.rhs);
@@ -1177,6 +1253,127 @@ impl Selected {
     }
 }
 
+/// One step of a literal chain: `b` multiplies or divides its vector side by a number
+/// literal (no `bool`, no matching). The vector side: `true` for the left.
+fn chain_step(b: &BinaryExpr) -> Option<bool> {
+    if b.modifier.is_some() {
+        return None;
+    }
+    let op = b.op.id();
+    let lit = |e: &Expr| literal_value(e).is_some();
+    if op == token::T_MUL && lit(&b.rhs) && !lit(&b.lhs) {
+        Some(true)
+    } else if op == token::T_MUL && lit(&b.lhs) && !lit(&b.rhs) {
+        Some(false)
+    } else if op == token::T_DIV && lit(&b.rhs) && !lit(&b.lhs) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+fn literal_value(e: &Expr) -> Option<f64> {
+    match e {
+        Expr::NumberLiteral(n) => Some(n.val),
+        Expr::Paren(p) => literal_value(&p.expr),
+        _ => None,
+    }
+}
+
+/// How many chain steps `e` is made of, and the product of their literals.
+fn chain_of(e: &Expr) -> (usize, f64) {
+    let mut depth = 0;
+    let mut product = 1.0;
+    let mut cur = e;
+    loop {
+        match cur {
+            Expr::Paren(p) if matches!(&*p.expr, Expr::Binary(b) if chain_step(b).is_some()) => {
+                cur = &p.expr;
+            }
+            Expr::Binary(b) => {
+                let Some(left) = chain_step(b) else { break };
+                let (v, c) = if left {
+                    (&b.lhs, &b.rhs)
+                } else {
+                    (&b.rhs, &b.lhs)
+                };
+                let c = literal_value(c).unwrap_or(1.0);
+                product = if b.op.id() == token::T_DIV {
+                    product / c
+                } else {
+                    product * c
+                };
+                depth += 1;
+                cur = v;
+            }
+            _ => break,
+        }
+    }
+    (depth, product)
+}
+
+/// The vector side under `depth` chain steps of `e`.
+fn chain_inner(e: &mut Expr, depth: usize) -> &mut Expr {
+    let mut cur = e;
+    let mut left = depth;
+    // `chain_of` counted these steps (and looked through the parentheses between them).
+    while left > 0 {
+        let side = match &*cur {
+            Expr::Paren(_) => 0,
+            Expr::Binary(b) if chain_step(b) == Some(true) => 1,
+            Expr::Binary(_) => 2,
+            _ => 3,
+        };
+        cur = match (side, cur) {
+            (0, Expr::Paren(p)) => &mut p.expr,
+            (1, Expr::Binary(b)) => {
+                left -= 1;
+                &mut b.lhs
+            }
+            (2, Expr::Binary(b)) => {
+                left -= 1;
+                &mut b.rhs
+            }
+            (_, other) => return other,
+        };
+    }
+    cur
+}
+
+/// A factor as the literal that writes it exactly: nothing, `* n` or `/ n`.
+enum Literal {
+    One,
+    Times(f64),
+    Over(f64),
+}
+
+impl Literal {
+    fn of(x: f64) -> Option<Literal> {
+        let integral = |v: f64| (1.0..9.0e15).contains(&v) && ((v - v.round()).abs() <= v * 1e-12);
+        if !x.is_finite() || x <= 0.0 {
+            return None;
+        }
+        if (x - 1.0).abs() < 1e-12 {
+            return Some(Literal::One);
+        }
+        if integral(x) {
+            return Some(Literal::Times(x.round()));
+        }
+        let inv = 1.0 / x;
+        integral(inv).then(|| Literal::Over(inv.round()))
+    }
+}
+
+fn fmt_number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        format!("×{}", x as i64)
+    } else if x < 1.0 && (1.0 / x).fract() == 0.0 {
+        format!("÷{}", (1.0 / x) as i64)
+    } else {
+        format!("×{x}")
+    }
+}
+
 impl QueryRewriter<'_> {
     /// The name a query of `name` is rewritten to, when the rules rename it whatever its
     /// labels.
@@ -1303,6 +1500,32 @@ rank_dedup:
         let r = rw("mem_mib > bool 45", false);
         assert_eq!(r.query, "mem_bytes > bool 47185920");
         assert_eq!(r.value_factor, None, "bool comparisons return 0 or 1");
+    }
+
+    #[test]
+    fn a_users_own_conversion_absorbs_the_new_unit() {
+        for keep in [true, false] {
+            let r = rw("mem_mib * 1024 * 1024", keep);
+            assert_eq!(r.query, "mem_bytes", "keep_values {keep}");
+            assert_eq!(r.value_factor, None);
+            let r = rw(
+                "sum(rate(lat_ms_sum[5m])) / sum(rate(lat_ms_count[5m])) / 1000",
+                keep,
+            );
+            assert_eq!(
+                r.query,
+                "sum(rate(lat_seconds_sum[5m])) / sum(rate(lat_seconds_count[5m]))"
+            );
+        }
+        // Keeping values, the literal says the whole factor; else the factor is carried.
+        let r = rw("(mem_mib / 1024) > 2", true);
+        assert_eq!(r.query, "(mem_bytes / 1073741824) > 2");
+        let r = rw("mem_mib / 1024", false);
+        assert_eq!(r.query, "mem_bytes / 1024");
+        assert_eq!(r.value_factor.map(|f| f.num), Some(1 << 20));
+        // Not a literal chain: a vector on both sides.
+        let r = rw("mem_mib * on () group_left () scalar(mem_mib)", true);
+        assert!(r.query.ends_with(") / 1099511627776"), "{}", r.query);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::grafana::rename_template_labels;
 use super::promql::{Finding, QueryRewriter, Reason};
@@ -20,8 +22,44 @@ pub struct RuleFile {
     pub groups: Vec<Group>,
 }
 
+/// A Kubernetes `PrometheusRule` (the Prometheus Operator's): the rule file is `spec`.
 #[derive(Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+pub struct PrometheusRule {
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
+    pub spec: RuleFile,
+}
+
+/// What holds a list of rule groups.
+pub trait Groups: DeserializeOwned + Serialize + PartialEq {
+    fn groups(&self) -> &[Group];
+    fn groups_mut(&mut self) -> &mut [Group];
+}
+
+impl Groups for RuleFile {
+    fn groups(&self) -> &[Group] {
+        &self.groups
+    }
+    fn groups_mut(&mut self) -> &mut [Group] {
+        &mut self.groups
+    }
+}
+
+impl Groups for PrometheusRule {
+    fn groups(&self) -> &[Group] {
+        &self.spec.groups
+    }
+    fn groups_mut(&mut self) -> &mut [Group] {
+        &mut self.spec.groups
+    }
+}
+
+/// Fields other rule evaluators add (Thanos' `partial_response_strategy`, Mimir's
+/// `source_tenants`, …) are kept as they are.
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
 pub struct Group {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,10 +71,11 @@ pub struct Group {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
     pub rules: Vec<Rule>,
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 pub struct Rule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<String>,
@@ -51,6 +90,8 @@ pub struct Rule {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
 }
 
 pub struct Migrated {
@@ -59,12 +100,21 @@ pub struct Migrated {
     pub entries: Vec<Entry>,
 }
 
-/// `rw` must keep values (rule files keep their thresholds' meaning).
+/// A rule file (`groups:`). `rw` must keep values (rule files keep their thresholds'
+/// meaning).
 pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateError> {
-    let mut file: RuleFile =
-        yaml::from_str(text).map_err(|e| MigrateError::Rules(e.to_string()))?;
+    migrate_as::<RuleFile>(rw, text)
+}
+
+/// A `PrometheusRule` resource: its `spec` is migrated as a rule file, the rest is kept.
+pub fn migrate_resource(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateError> {
+    migrate_as::<PrometheusRule>(rw, text)
+}
+
+fn migrate_as<F: Groups>(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateError> {
+    let mut file: F = yaml::from_str(text).map_err(|e| MigrateError::Rules(e.to_string()))?;
     let originals: Vec<String> = file
-        .groups
+        .groups()
         .iter()
         .flat_map(|g| g.rules.iter())
         .map(|r| {
@@ -80,7 +130,7 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
     let mut new_exprs: Vec<Option<String>> = Vec::new();
     // Per rule: the label renames of its expression.
     let mut per_rule: Vec<Vec<(String, String)>> = Vec::new();
-    for (gi, g) in file.groups.iter_mut().enumerate() {
+    for (gi, g) in file.groups_mut().iter_mut().enumerate() {
         for (ri, rule) in g.rules.iter_mut().enumerate() {
             let what = match (&rule.record, &rule.alert) {
                 (Some(r), _) => format!("record {r:?}"),
@@ -136,7 +186,7 @@ pub fn migrate(rw: &QueryRewriter<'_>, text: &str) -> Result<Migrated, MigrateEr
         text.to_string()
     } else if let Some(edited) =
         edit_in_place(text, &new_exprs, &safe_renames(&per_rule, &originals))
-            .filter(|t| yaml::from_str::<RuleFile>(t).is_ok_and(|f| f == file))
+            .filter(|t| yaml::from_str::<F>(t).is_ok_and(|f| f == file))
     {
         // Comments and layout kept: the edited text parses to exactly the new rules.
         edited
