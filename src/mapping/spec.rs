@@ -20,10 +20,25 @@ pub struct PackSpec {
     /// Tensor-parallel rank deduplication of logical families.
     #[serde(default)]
     pub rank_dedup: Option<RankDedupSpec>,
+    /// Names the engine no longer writes and nothing replaces under a new name: their
+    /// series pass as they come; `migrate` reports every query of them.
+    #[serde(default)]
+    pub retired: Vec<RetiredSpec>,
     /// Whether a built-in pack is on when configuration does not name it (`packs.builtin:
     /// all`, or a map without it). Files listed in `packs.files` are applied regardless.
     #[serde(default)]
     pub default: PackDefault,
+}
+
+/// Retired metric names, and what became of them, in words.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetiredSpec {
+    /// Exact family names (a histogram's or counter's series are covered by its name).
+    pub names: Vec<String>,
+    /// When and how they went, and what to query instead if anything: "removed in vLLM
+    /// 0.9 with the V0 engine's CPU swap space; no successor".
+    pub removed: String,
 }
 
 /// `default: on` (the default) or `default: off`; `true`/`false` are accepted too.

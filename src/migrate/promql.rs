@@ -69,6 +69,9 @@ pub enum Reason {
     ParseError,
     /// A recording rule whose output name a pack renames (rule files).
     RecordRenamed,
+    /// A name the engine no longer writes (a pack's `retired`): the query returns nothing
+    /// from a current engine.
+    Retired,
 }
 
 impl Reason {
@@ -93,6 +96,7 @@ impl Reason {
             Reason::Unsupported => "unsupported",
             Reason::ParseError => "parse_error",
             Reason::RecordRenamed => "record_renamed",
+            Reason::Retired => "retired",
         }
     }
 
@@ -522,6 +526,10 @@ impl Walk<'_> {
             }
             (None, None) => return val,
         };
+        if let Some(why) = self.rules.retired(&name) {
+            self.old_ref(name.clone());
+            self.note(Reason::Retired, format!("{name}: {why}"));
+        }
         let Some(plan) = self.plan(&name) else {
             return val;
         };

@@ -195,6 +195,8 @@ pub struct Rules {
     families: super::renames::RenameTracker,
     /// [`Rules::edited_labels`].
     edited_labels: Vec<Box<str>>,
+    /// Retired family names → what the pack says became of them ([`Rules::retired`]).
+    retired: AHashMap<Box<str>, Box<str>>,
 }
 
 impl Rules {
@@ -235,9 +237,17 @@ impl Rules {
             (REASON_RANK_DEDUP, REASON_DUPLICATE_TIMESTAMP)
         );
 
+        let mut retired: AHashMap<Box<str>, Box<str>> = AHashMap::new();
         for (pi, (pack, opts)) in packs.iter().enumerate() {
             let pid = pi as u16;
             pack_opts.push(opts.clone());
+            for r in &pack.retired {
+                for n in &r.names {
+                    retired
+                        .entry(n.as_str().into())
+                        .or_insert_with(|| format!("{} ({} pack)", r.removed, pack.pack).into());
+                }
+            }
             for (ri, spec) in pack.rules.iter().enumerate() {
                 let r = compile_rule(pid, ri, &pack.pack, spec, &mut |s| {
                     reason_id(s, &mut reasons)
@@ -301,6 +311,7 @@ impl Rules {
         edited_labels.dedup();
 
         let mut compiled = Rules {
+            retired,
             edited_labels,
             rules,
             dedups,
@@ -315,6 +326,22 @@ impl Rules {
         };
         compiled.precompute()?;
         Ok(compiled)
+    }
+
+    /// What a pack says became of a retired name: the family's own, or that of the
+    /// family a series name (`_total`, `_bucket`, …) belongs to.
+    pub fn retired(&self, name: &str) -> Option<&str> {
+        if self.retired.is_empty() {
+            return None;
+        }
+        if let Some(r) = self.retired.get(name) {
+            return Some(r);
+        }
+        ["_total", "_bucket", "_sum", "_count", "_created"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .and_then(|base| self.retired.get(base))
+            .map(|r| &**r)
     }
 
     /// Looks a series name up in the precomputed map. `None` means: not an exact name;
