@@ -319,6 +319,20 @@ pub fn simulate(rules: &Rules, plan: &Plan, name: &str, labels: &[(String, Strin
                 }
             }
             Action::SumOverRanks(_) => {}
+            Action::TypeAndUnit { type_, unit } => {
+                for (label, want) in [
+                    (crate::mapping::compile::TYPE_LABEL, type_),
+                    (crate::mapping::compile::UNIT_LABEL, unit),
+                ] {
+                    if let (Some(want), Some(i)) = (want, find(&work, label)) {
+                        if want.is_empty() {
+                            work.remove(i);
+                        } else {
+                            work[i].1 = want.to_string();
+                        }
+                    }
+                }
+            }
             Action::Scale { factor, target } => {
                 scale = Some(match scale {
                     Some((f, _)) => (f.then(*factor), *target),

@@ -690,6 +690,37 @@ impl Walk<'_> {
     fn step(&mut self, name: &str, action: &Action, sim: &mut Symbolic) -> bool {
         match action {
             Action::OnlyIf | Action::SumOverRanks(_) => true,
+            Action::TypeAndUnit { type_, unit } => {
+                // `{__unit__="milliseconds"}` selects what is now labelled seconds.
+                for (label, want) in [
+                    (crate::mapping::compile::TYPE_LABEL, type_),
+                    (crate::mapping::compile::UNIT_LABEL, unit),
+                ] {
+                    let Some(want) = want else { continue };
+                    for m in sim.matchers.iter_mut().filter(|m| m.name == label) {
+                        match m.op {
+                            MatchOp::Equal if m.value != **want && !m.value.is_empty() => {
+                                self.note(
+                                    Reason::LabelValueMapped,
+                                    format!("{label}=\"{}\" → {label}=\"{want}\"", m.value),
+                                );
+                                m.value = want.to_string();
+                            }
+                            MatchOp::Re(_) | MatchOp::NotRe(_) | MatchOp::NotEqual => {
+                                self.note(
+                                    Reason::ValueRegex,
+                                    format!(
+                                        "{name}: {m} on a family whose {label} becomes \"{want}\": \
+                                         check the expression"
+                                    ),
+                                );
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                true
+            }
             Action::Drop(reason) => {
                 let why = self
                     .rules
@@ -1534,6 +1565,18 @@ rank_dedup:
         // Not a literal chain: a vector on both sides.
         let r = rw("mem_mib * on () group_left () scalar(mem_mib)", true);
         assert!(r.query.ends_with(") / 1099511627776"), "{}", r.query);
+    }
+
+    #[test]
+    fn prometheus_3_type_and_unit_matchers_follow_the_family() {
+        let r = rw(r#"rate(lat_ms_sum{__unit__="milliseconds"}[5m])"#, true);
+        assert_eq!(
+            r.query,
+            r#"rate(lat_seconds_sum{__unit__="seconds"}[5m]) * 1000"#
+        );
+        assert!(reasons(&r).contains(&Reason::LabelValueMapped));
+        let r = rw(r#"mem_mib{__type__="unknown"}"#, true);
+        assert_eq!(r.query, r#"mem_bytes{__type__="gauge"} / 1048576"#);
     }
 
     #[test]

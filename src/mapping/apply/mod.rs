@@ -30,7 +30,7 @@ use ahash::AHashSet;
 use super::cache::NameCache;
 use super::compile::{
     Action, LabelCond, MetadataPlan, Plan, REASON_DUPLICATE_TIMESTAMP, REASON_RANK_DEDUP,
-    Resolution, Rules, ScaleTarget, Step,
+    Resolution, Rules, ScaleTarget, Step, TYPE_LABEL, UNIT_LABEL,
 };
 use super::meta;
 use super::number::{FloatStyle, StyleEvidence, parse_float, style_of, write_float};
@@ -612,6 +612,29 @@ impl Mapper {
                             .is_some()
                         {
                             rank_label = Some(self.intern(label.as_bytes()));
+                        }
+                    }
+                    Action::TypeAndUnit { type_, unit } => {
+                        for (label, want) in [(TYPE_LABEL, type_), (UNIT_LABEL, unit)] {
+                            let Some(want) = want else { continue };
+                            let differs = self
+                                .label_value(built, buf, req, s, label.as_bytes())
+                                .is_some_and(|v| v != want.as_bytes());
+                            if !differs {
+                                continue;
+                            }
+                            if !built {
+                                self.build_work(req, s);
+                                built = true;
+                            }
+                            if let Some(i) = self.find(buf, label.as_bytes()) {
+                                if want.is_empty() {
+                                    self.work.remove(i);
+                                } else {
+                                    self.work[i].value = self.intern(want.as_bytes());
+                                }
+                                changed = true;
+                            }
                         }
                     }
                     Action::Scale { factor, target } => {

@@ -306,6 +306,13 @@ impl Rules {
             if r.scale.is_some() || split_scales {
                 edited_labels.push("le".into());
             }
+            // Prometheus 3's type-and-unit labels, where a series carries them.
+            if r.scale.is_some() || r.unit.is_some() {
+                edited_labels.push(UNIT_LABEL.into());
+            }
+            if r.family_type != crate::mapping::spec::FamilyType::Any {
+                edited_labels.push(TYPE_LABEL.into());
+            }
         }
         edited_labels.sort_unstable();
         edited_labels.dedup();

@@ -243,6 +243,24 @@ impl Rules {
             *cur = new_name;
         }
         if plan.steps.len() > steps_before {
+            // Prometheus 3's `__type__`/`__unit__`, where a series carries them, say what
+            // the family is after this rule.
+            let type_ = prometheus_type(r.family_type);
+            let unit = match (&r.unit, r.scale) {
+                (Some(u), _) => Some(u.as_str().into()),
+                (None, Some(_)) => Some("".into()),
+                (None, None) => None,
+            };
+            if type_.is_some() || unit.is_some() {
+                plan.steps.push(Step {
+                    when: when.to_vec(),
+                    action: Action::TypeAndUnit {
+                        type_: type_.map(Into::into),
+                        unit,
+                    },
+                    pack,
+                });
+            }
             let mut line = r.describe.clone();
             if !details.is_empty() {
                 line.push_str(": ");
@@ -443,5 +461,17 @@ fn scale_target(kind: Kind) -> Option<ScaleTarget> {
         Kind::Plain | Kind::Total | Kind::Sum | Kind::Native => Some(ScaleTarget::Value),
         Kind::Bucket => Some(ScaleTarget::Le),
         Kind::Count | Kind::Created => None,
+    }
+}
+
+/// A family type as Prometheus 3 writes it in `__type__`; `None` for `any`.
+fn prometheus_type(t: FamilyType) -> Option<&'static str> {
+    match t {
+        FamilyType::Any => None,
+        FamilyType::Counter => Some("counter"),
+        FamilyType::Gauge => Some("gauge"),
+        FamilyType::Histogram => Some("histogram"),
+        FamilyType::Summary => Some("summary"),
+        FamilyType::Info => Some("info"),
     }
 }

@@ -78,7 +78,20 @@ pub enum Action {
     /// The series is emitted only if the step's `when` matches (a copy rule's labels):
     /// otherwise nothing is written and nothing is counted.
     OnlyIf,
+    /// Prometheus 3's type-and-unit labels follow the rule: a series that carries
+    /// `__type__` or `__unit__` gets the family's type and unit as the rule leaves them
+    /// (`unit: Some("")`: the rule rescales without naming a unit, the label goes). A
+    /// series without them is not touched, so this step alone never copies labels.
+    TypeAndUnit {
+        type_: Option<Box<str>>,
+        unit: Option<Box<str>>,
+    },
 }
+
+/// The label Prometheus 3 writes a series' metric type in (`type-and-unit-labels`).
+pub const TYPE_LABEL: &str = "__type__";
+/// The label Prometheus 3 writes a series' unit in.
+pub const UNIT_LABEL: &str = "__unit__";
 
 impl Action {
     /// The step edits the series' labels (the mapper then works on a copy of them).
@@ -190,6 +203,10 @@ impl Plan {
                     | Action::RankDedup { .. }
                     | Action::SumOverRanks(_)
                     | Action::SetName(_)
+                    // Every series of the family gets the same values: two input series
+                    // can land on one label set only if they differed in nothing but the
+                    // unit or type they were labelled with.
+                    | Action::TypeAndUnit { .. }
             )
         });
     }
