@@ -629,7 +629,8 @@ impl Deriver {
 }
 
 /// Encodes the derived series' labels: `__name__` = `name` plus the input's labels minus
-/// its own name (and `le`/`quantile`), in label-name order.
+/// its own name (and `le`/`quantile`, and Prometheus 3's `__type__`/`__unit__`: a ratio
+/// of two counters is neither of their type nor of their unit), in label-name order.
 fn derived_key<'a>(
     name: &str,
     labels: impl Iterator<Item = (&'a [u8], &'a [u8])>,
@@ -638,7 +639,12 @@ fn derived_key<'a>(
     out.clear();
     let mut name_written = false;
     for (n, v) in labels {
-        if n == b"__name__" || n == b"le" || n == b"quantile" {
+        if n == b"__name__"
+            || n == b"le"
+            || n == b"quantile"
+            || n == b"__type__"
+            || n == b"__unit__"
+        {
             continue;
         }
         if !name_written && n > b"__name__".as_slice() {
