@@ -1,8 +1,8 @@
 //! `promnorm migrate` on whole files: what a file is and how each form is migrated. A
 //! JSON file is a Grafana dashboard; a YAML file is a stream of documents, each a rule
-//! file (`groups:`), a Kubernetes `PrometheusRule` (`spec.groups`), or a `ConfigMap`
+//! file (`groups:`), a Kubernetes `PrometheusRule` (`spec.groups`), a `ConfigMap`
 //! whose `data` embeds dashboards or rule files (the Grafana sidecar's and the
-//! Prometheus chart's form). Every byte the migration does not change is kept: documents
+//! Prometheus chart's form), or a grafana-operator `GrafanaDashboard` (`spec.json`). Every byte the migration does not change is kept: documents
 //! nobody migrates, separators, comments, the ConfigMap around an embedded file.
 
 use std::ops::Range;
@@ -27,6 +27,8 @@ pub enum Form {
     RuleFile,
     PrometheusRule,
     ConfigMap,
+    /// The grafana-operator's `GrafanaDashboard` (`spec.json`).
+    GrafanaDashboard,
     /// Several YAML documents (each of the forms above, or something else, kept).
     Documents,
 }
@@ -38,6 +40,7 @@ impl Form {
             Form::RuleFile => "rule file",
             Form::PrometheusRule => "PrometheusRule",
             Form::ConfigMap => "ConfigMap",
+            Form::GrafanaDashboard => "GrafanaDashboard",
             Form::Documents => "YAML documents",
         }
     }
@@ -192,20 +195,24 @@ fn document(rw: &Rewriters<'_, '_>, doc: &str) -> Result<Option<Migrated>, Migra
                 form: Form::PrometheusRule,
             }))
         }
-        Some("ConfigMap") => config_map(rw, doc, &v),
+        Some("ConfigMap") => embedded(rw, doc, &v, "data", Form::ConfigMap),
+        // The grafana-operator's resource: the dashboard is the string `spec.json`.
+        Some("GrafanaDashboard") => embedded(rw, doc, &v, "spec", Form::GrafanaDashboard),
         _ => Ok(None),
     }
 }
 
-/// A ConfigMap: each `data` value that is a dashboard or a rule file is migrated; the
-/// new values are written back into their block scalars (everything else as it was),
-/// else the document is written anew.
-fn config_map(
+/// A ConfigMap (or a GrafanaDashboard): each string under `holder` (`data`, `spec`) that
+/// is a dashboard or a rule file is migrated; the new values are written back into their
+/// block scalars (everything else as it was), else the document is written anew.
+fn embedded(
     rw: &Rewriters<'_, '_>,
     doc: &str,
     v: &Value,
+    holder: &str,
+    form: Form,
 ) -> Result<Option<Migrated>, MigrateError> {
-    let Some(Value::Object(data)) = v.get("data") else {
+    let Some(Value::Object(data)) = v.get(holder) else {
         return Ok(None);
     };
     let mut any = false;
@@ -234,10 +241,10 @@ fn config_map(
                 _ => continue,
             }
         };
-        let m = m.map_err(|e| within(&format!("data[{key:?}]"), e))?;
+        let m = m.map_err(|e| within(&format!("{holder}[{key:?}]"), e))?;
         any = true;
         entries.extend(m.entries.into_iter().map(|mut e| {
-            e.location = format!("data[{key:?}] ({}): {}", m.form.name(), e.location);
+            e.location = format!("{holder}[{key:?}] ({}): {}", m.form.name(), e.location);
             e
         }));
         if m.changed {
@@ -252,11 +259,11 @@ fn config_map(
             text: doc.to_string(),
             changed: false,
             entries,
-            form: Form::ConfigMap,
+            form,
         }));
     }
     let mut want = v.clone();
-    if let Some(Value::Object(d)) = want.get_mut("data") {
+    if let Some(Value::Object(d)) = want.get_mut(holder) {
         for (k, new) in &changes {
             d.insert(k.clone(), Value::String(new.clone()));
         }
@@ -271,7 +278,7 @@ fn config_map(
         text,
         changed: true,
         entries,
-        form: Form::ConfigMap,
+        form,
     }))
 }
 

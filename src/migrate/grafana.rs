@@ -112,7 +112,14 @@ impl Dashboard<'_, '_> {
         let mut rewrites: Vec<Rewritten> = targets.iter().map(|t| self.rw.rewrite(t.1)).collect();
         if !self.rw.keep_values() {
             let factors: Vec<Option<Factor>> = rewrites.iter().map(|r| r.value_factor).collect();
-            match unit_plan(p, &path, &factors) {
+            // The unit the new values are in, when every changed query says the same.
+            let mut now = rewrites
+                .iter()
+                .filter(|r| r.value_factor.is_some())
+                .map(|r| r.value_unit.as_deref());
+            let first = now.next().flatten();
+            let values_unit = first.filter(|u| now.all(|o| o == Some(*u)));
+            match unit_plan(p, &path, &factors, values_unit) {
                 UnitPlan::Unchanged => {}
                 UnitPlan::Follow { factor, units } => {
                     self.follow_unit(p, &path, title, factor, &units)
@@ -171,16 +178,29 @@ impl Dashboard<'_, '_> {
         path: &Path,
         title: &str,
         f: Factor,
-        units: &[(Path, String, &'static str, bool)],
+        units: &[(Path, String, &'static str, Fit)],
     ) {
-        for (upath, unit, new, exact) in units {
-            if *new == unit.as_str() {
+        for (upath, unit, new, fit) in units {
+            if *new == unit.as_str() && *fit == Fit::Exact {
                 continue;
             }
-            self.edits
-                .insert(upath.clone(), Value::String(new.to_string()));
-            let detail = if *exact {
+            if *new != unit.as_str() {
+                self.edits
+                    .insert(upath.clone(), Value::String(new.to_string()));
+            }
+            let detail = if *fit == Fit::Exact {
                 format!("values are now {f}: unit {unit} → {new}")
+            } else if *new == unit.as_str() {
+                format!(
+                    "values are now {f}, in {new}: the panel's unit {unit} now fits them (the \
+                     old values were not {unit})"
+                )
+            } else if *fit == Fit::ValuesUnit {
+                format!(
+                    "values are now {f}, in {new}: unit {unit} → {new} (no unit is exactly \
+                     {unit} {}; the panel now shows the values' exact amount)",
+                    super::inverse_text(f)
+                )
             } else {
                 format!(
                     "values are now {f}, and no Grafana unit is exactly {unit} {}: unit {unit} → \
@@ -227,6 +247,9 @@ impl Dashboard<'_, '_> {
             _ => return,
         };
         let name = v.get("name").and_then(Value::as_str).unwrap_or("");
+        if query.trim().is_empty() {
+            return;
+        }
         let r = self.variable_query(query);
         self.record(&qpath, query, &r, None);
         if r.changed
@@ -299,6 +322,17 @@ impl Dashboard<'_, '_> {
     }
 }
 
+/// How a panel's new unit was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fit {
+    /// It shows the new values as the old unit showed the old ones.
+    Exact,
+    /// It is the unit the new values are in (the rule's `unit`), of the panel's quantity.
+    ValuesUnit,
+    /// The nearest of the panel's quantity, within 10%.
+    Nearest,
+}
+
 /// What a panel's unit does when its queries' values change unit.
 enum UnitPlan {
     /// The values do not change.
@@ -306,13 +340,18 @@ enum UnitPlan {
     /// Every unit of the panel (path, old, new, exact) follows factor `factor`.
     Follow {
         factor: Factor,
-        units: Vec<(Path, String, &'static str, bool)>,
+        units: Vec<(Path, String, &'static str, Fit)>,
     },
     /// No unit can follow: the panel keeps its values (why).
     KeepValues(String),
 }
 
-fn unit_plan(p: &Value, path: &Path, factors: &[Option<Factor>]) -> UnitPlan {
+fn unit_plan(
+    p: &Value,
+    path: &Path,
+    factors: &[Option<Factor>],
+    values_unit: Option<&str>,
+) -> UnitPlan {
     let changed: Vec<Factor> = factors.iter().flatten().copied().collect();
     let Some(&f) = changed.first() else {
         return UnitPlan::Unchanged;
@@ -332,10 +371,16 @@ fn unit_plan(p: &Value, path: &Path, factors: &[Option<Factor>]) -> UnitPlan {
     }
     let mut out = Vec::with_capacity(units.len());
     for (upath, unit) in units {
-        match convert_unit(&unit, f) {
-            Some(new) => out.push((upath, unit, new, true)),
-            None => match nearest_unit(&unit, f) {
-                Some(new) => out.push((upath, unit, new, false)),
+        // Exact; else the unit the values are now in, if the panel shows that quantity
+        // (`hertz` over MHz values, now hertz); else the nearest within 10%.
+        let fits = values_unit
+            .and_then(unit_for)
+            .filter(|g| same_quantity(g, &unit));
+        match (convert_unit(&unit, f), fits) {
+            (Some(new), _) => out.push((upath, unit, new, Fit::Exact)),
+            (None, Some(g)) => out.push((upath, unit, g, Fit::ValuesUnit)),
+            (None, None) => match nearest_unit(&unit, f) {
+                Some(new) => out.push((upath, unit, new, Fit::Nearest)),
                 None => {
                     return UnitPlan::KeepValues(format!(
                         "the values would be {f}, and no Grafana unit is {unit} {}",
@@ -423,7 +468,7 @@ fn panel_units(p: &Value, path: &Path) -> Vec<(Path, String)> {
 fn scaled_numbers(p: &Value, path: &Path, f: Factor) -> Vec<(Path, Value, Value)> {
     let mut out = Vec::new();
     let mut visit = |v: Option<&Value>, at_path: Path| {
-        if let Some(new) = v.and_then(|v| scale_number(v, f)) {
+        if let Some(new) = v.and_then(|v| scale_number(v, f)).filter(|n| Some(n) != v) {
             out.push((at_path, v.cloned().unwrap_or(Value::Null), new));
         }
     };
@@ -549,6 +594,7 @@ fn unchanged(q: &str) -> Rewritten {
         changed: false,
         findings: Vec::new(),
         value_factor: None,
+        value_unit: None,
         le_factor: None,
         label_renames: Vec::new(),
         old_references: Vec::new(),
@@ -646,6 +692,26 @@ pub fn convert_unit(unit: &str, f: Factor) -> Option<&'static str> {
         .iter()
         .find(|(_, q, s)| *q == quantity && ((s - want) / want).abs() < 1e-9)
         .map(|(id, _, _)| *id)
+}
+
+/// The Grafana unit of values in a pack's `unit` (`seconds` → `s`).
+pub fn unit_for(unit: &str) -> Option<&'static str> {
+    Some(match unit {
+        "seconds" => "s",
+        "bytes" => "bytes",
+        "hertz" => "hertz",
+        "ratio" => "percentunit",
+        "watts" => "watt",
+        "joules" => "joule",
+        "bytes_per_second" => "Bps",
+        _ => return None,
+    })
+}
+
+/// Whether two Grafana units measure one quantity.
+pub fn same_quantity(a: &str, b: &str) -> bool {
+    let q = |u: &str| UNITS.iter().find(|(id, _, _)| *id == u).map(|(_, q, _)| *q);
+    q(a).is_some() && q(a) == q(b)
 }
 
 /// The unit of the same quantity nearest (within 10%) to showing values `f` times the

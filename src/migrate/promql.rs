@@ -133,6 +133,10 @@ pub struct Rewritten {
     /// Without `--keep-values`: the factor the result's values now carry (`new = old ×
     /// f`); `None` when they are unchanged.
     pub value_factor: Option<Factor>,
+    /// With `value_factor`: the unit the result's values are in now, when it is known
+    /// (a rescaled family's `unit` through sums, extrema and quantiles; `rate` of bytes
+    /// is `bytes_per_second`).
+    pub value_unit: Option<String>,
     /// The result keeps `le` of a rescaled histogram, whose bounds are this factor of
     /// the old ones (a heatmap's buckets).
     pub le_factor: Option<Factor>,
@@ -186,6 +190,9 @@ struct Val {
     constant: bool,
     /// Labels renamed below this node (old → new).
     renames: Vec<(String, String)>,
+    /// The unit the values are in now, when the factor is a rescaled family's and only
+    /// unit-keeping operations (sums, extrema, quantiles, filters) came after it.
+    unit: Option<String>,
 }
 
 impl Val {
@@ -195,6 +202,7 @@ impl Val {
             le: None,
             constant: false,
             renames: Vec::new(),
+            unit: None,
         }
     }
 
@@ -206,6 +214,9 @@ impl Val {
     }
 
     fn with_factor(mut self, factor: Factor) -> Val {
+        if factor != self.factor {
+            self.unit = None;
+        }
         self.factor = factor;
         self.le = None;
         self.constant = false;
@@ -305,6 +316,7 @@ impl<'r> QueryRewriter<'r> {
             changed: false,
             findings,
             value_factor: None,
+            value_unit: None,
             le_factor: None,
             label_renames: Vec::new(),
             old_references: Vec::new(),
@@ -331,11 +343,13 @@ impl<'r> QueryRewriter<'r> {
         };
         let val = walk.expr(&mut expr);
         let mut value_factor = None;
+        let mut value_unit = None;
         if !val.factor.is_one() && !val.constant {
             if self.keep_values {
                 walk.restore(&mut expr, val.factor, "the query's result");
             } else {
                 value_factor = Some(val.factor);
+                value_unit = val.unit.clone();
                 walk.note(
                     Reason::UnitChanged,
                     format!("the result's values are now {} the old ones", val.factor),
@@ -376,6 +390,7 @@ impl<'r> QueryRewriter<'r> {
             changed: true,
             findings: walk.findings,
             value_factor,
+            value_unit,
             le_factor,
             label_renames,
             old_references: walk.old,
@@ -594,6 +609,20 @@ impl Walk<'_> {
             self.changed = true;
         }
         val.factor = sim.factor;
+        if !sim.factor.is_one() {
+            // The unit the last applying rule gives the family.
+            val.unit = plan
+                .steps
+                .iter()
+                .filter(|s| !matches!(sel.decides(&s.when), Decided::No))
+                .filter_map(|s| match &s.action {
+                    Action::TypeAndUnit { unit: Some(u), .. } if !u.is_empty() => {
+                        Some(u.to_string())
+                    }
+                    _ => None,
+                })
+                .next_back();
+        }
         if !sim.le.is_one() {
             val.le = Some(sim.le);
         }
@@ -957,6 +986,7 @@ impl Walk<'_> {
             le: None,
             constant: false,
             renames: v.renames.clone(),
+            unit: v.unit.clone(),
         };
         if v.factor.is_one() || v.constant {
             return plain;
@@ -1001,6 +1031,7 @@ impl Walk<'_> {
         );
         Val {
             factor: Factor::ONE,
+            unit: None,
             ..plain
         }
     }
@@ -1025,11 +1056,23 @@ impl Walk<'_> {
             }
         }
         let op = b.op.id();
+        // A filter or a sum of one unit keeps it.
+        let unit = match (&lv.unit, &rv.unit) {
+            (Some(l), Some(r)) if l == r => Some(l.clone()),
+            (Some(l), None) if rv.constant => Some(l.clone()),
+            (None, Some(r)) if lv.constant && op != token::T_DIV => Some(r.clone()),
+            _ => None,
+        };
         let with = |f: Factor, constant: bool| Val {
             factor: f,
             le: None,
             constant,
             renames: renames.clone(),
+            unit: if op == token::T_MUL || op == token::T_DIV || op == token::T_POW {
+                None
+            } else {
+                unit.clone()
+            },
         };
         if op == token::T_LAND || op == token::T_LUNLESS {
             let mut v = lv.clone();
@@ -1126,11 +1169,34 @@ impl Walk<'_> {
             .iter()
             .position(|v| !v.constant)
             .filter(|&i| !matches!(*c.args.args[i], Expr::StringLiteral(_)));
+        // The unit of the value argument, when the function keeps it.
+        let keeps_unit = LINEAR.contains(&name)
+            && !matches!(name, "rate" | "irate" | "deriv" | "predict_linear")
+            || name == "histogram_quantile"
+            || (NATIVE.contains(&name) && name != "histogram_count" && name != "histogram_stdvar");
+        let unit = if keeps_unit {
+            let arg = if name == "histogram_quantile" {
+                1
+            } else {
+                first_vector.unwrap_or(0)
+            };
+            vals.get(arg).and_then(|v| v.unit.clone())
+        } else if matches!(name, "rate" | "irate") {
+            // Bytes per second is a unit of its own; others have none here.
+            first_vector
+                .and_then(|i| vals.get(i))
+                .and_then(|v| v.unit.as_deref())
+                .filter(|u| *u == "bytes")
+                .map(|_| "bytes_per_second".to_string())
+        } else {
+            None
+        };
         let mut out = |f: Factor, le: Option<Factor>| Val {
             factor: f,
             le,
             constant: false,
             renames: std::mem::take(&mut renames),
+            unit: unit.clone(),
         };
         // Classic buckets carry the factor of `le`; a native histogram (named as its
         // family) carries the factor of its values and bounds alike.
