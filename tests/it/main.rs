@@ -17,6 +17,7 @@ mod fleet;
 mod genai_spec;
 mod golden;
 mod limits;
+mod migrate_corpus;
 mod native_histograms;
 mod otel_names;
 mod overload;
