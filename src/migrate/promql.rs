@@ -72,6 +72,9 @@ pub enum Reason {
     /// A name the engine no longer writes (a pack's `retired`): the query returns nothing
     /// from a current engine.
     Retired,
+    /// A rule applies only to some label values the selector does not decide: the
+    /// selector became the `or` of its cases, each rewritten as the rules treat it.
+    CasesJoined,
 }
 
 impl Reason {
@@ -97,6 +100,7 @@ impl Reason {
             Reason::ParseError => "parse_error",
             Reason::RecordRenamed => "record_renamed",
             Reason::Retired => "retired",
+            Reason::CasesJoined => "cases_joined",
         }
     }
 
@@ -113,6 +117,7 @@ impl Reason {
                 | Reason::ThresholdRescaled
                 | Reason::UnitChanged
                 | Reason::LeBounds
+                | Reason::CasesJoined
         )
     }
 }
@@ -333,6 +338,7 @@ impl<'r> QueryRewriter<'r> {
             }
         };
         let mut walk = Walk {
+            union_depth: 0,
             rules: self.rules,
             keep_values: self.keep_values,
             findings: Vec::new(),
@@ -399,7 +405,12 @@ impl<'r> QueryRewriter<'r> {
     }
 }
 
+/// How many conditions one selector may be split over (2^n cases).
+const MAX_CASE_SPLITS: u8 = 3;
+
 struct Walk<'r> {
+    /// Case splits above the node being rewritten ([`Walk::join_cases`]).
+    union_depth: u8,
     rules: &'r Rules,
     keep_values: bool,
     findings: Vec<Finding>,
@@ -429,7 +440,29 @@ impl Walk<'_> {
             Expr::StringLiteral(_) => Val::plain(),
             Expr::Paren(p) => self.expr(&mut p.expr),
             Expr::Unary(u) => self.expr(&mut u.expr),
-            Expr::VectorSelector(vs) => self.selector(vs),
+            Expr::VectorSelector(vs) => match self.cases(vs) {
+                Some(split) => self.join_cases(e, split, None),
+                None => self.selector(vs),
+            },
+            Expr::Call(c) if self.union_depth < MAX_CASE_SPLITS => {
+                // A range of a label-dependent family: the call of each case, joined.
+                let arg = c
+                    .args
+                    .args
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, a)| match &**a {
+                        Expr::MatrixSelector(ms) => self.cases(&ms.vs).map(|s| (i, s)),
+                        _ => None,
+                    });
+                match arg {
+                    Some((i, split)) => self.join_cases(e, split, Some(i)),
+                    None => match e {
+                        Expr::Call(c) => self.call(c),
+                        _ => Val::plain(),
+                    },
+                }
+            }
             Expr::MatrixSelector(ms) => self.selector(&mut ms.vs),
             Expr::Subquery(sq) => self.expr(&mut sq.expr),
             Expr::Aggregate(a) => self.aggregate(a),
@@ -441,6 +474,97 @@ impl Walk<'_> {
                 Val::plain()
             }
         }
+    }
+
+    /// The two cases a rule's condition splits a selector into (`priority!=""` and
+    /// `priority=""`; `kind="a"` and `kind!="a"`), when a rule of its family applies only
+    /// to label values the selector does not decide.
+    fn cases(&self, vs: &VectorSelector) -> Option<(Matcher, Matcher, String)> {
+        if self.union_depth >= MAX_CASE_SPLITS || !vs.matchers.or_matchers.is_empty() {
+            return None;
+        }
+        let name = vs.name.clone().or_else(|| {
+            vs.matchers
+                .matchers
+                .iter()
+                .find(|m| m.name == "__name__" && matches!(m.op, MatchOp::Equal))
+                .map(|m| m.value.clone())
+        })?;
+        let plan = self.plan(&name)?;
+        let sel = Selected::from(vs);
+        for step in &plan.steps {
+            if !matches!(sel.decides(&step.when), Decided::Unknown)
+                || matches!(step.action, Action::OnlyIf | Action::SumOverRanks(_))
+            {
+                continue;
+            }
+            let c = step
+                .when
+                .iter()
+                .find(|c| matches!(sel.decides(std::slice::from_ref(*c)), Decided::Unknown))?;
+            let (yes, no) = match &c.value {
+                Some(v) => (
+                    Matcher::new(MatchOp::Equal, &c.name, v),
+                    Matcher::new(MatchOp::NotEqual, &c.name, v),
+                ),
+                None => (
+                    Matcher::new(MatchOp::NotEqual, &c.name, ""),
+                    Matcher::new(MatchOp::Equal, &c.name, ""),
+                ),
+            };
+            return Some((
+                yes,
+                no,
+                format!("{name}: a rule applies only to series with {c}"),
+            ));
+        }
+        None
+    }
+
+    /// Replaces `e` (a selector, or the call over the range selector at `arg`) by the
+    /// `or` of its two cases, then rewrites that: each case is a selector the rules
+    /// decide. The cases are disjoint by the condition's label, so `or` keeps them all.
+    fn join_cases(
+        &mut self,
+        e: &mut Expr,
+        (yes, no, why): (Matcher, Matcher, String),
+        arg: Option<usize>,
+    ) -> Val {
+        let with = |m: &Matcher| -> Expr {
+            let mut x = e.clone();
+            let vs = match (&mut x, arg) {
+                (Expr::VectorSelector(vs), None) => Some(vs),
+                (Expr::Call(c), Some(i)) => match c.args.args.get_mut(i).map(|a| &mut **a) {
+                    Some(Expr::MatrixSelector(ms)) => Some(&mut ms.vs),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some(vs) = vs {
+                vs.matchers.matchers.push(m.clone());
+            }
+            x
+        };
+        let joined = Expr::Paren(ParenExpr {
+            expr: Box::new(Expr::Binary(BinaryExpr {
+                op: TokenType::new(token::T_LOR),
+                lhs: Box::new(with(&yes)),
+                rhs: Box::new(with(&no)),
+                modifier: None,
+            })),
+        });
+        *e = joined;
+        self.changed = true;
+        self.note(
+            Reason::CasesJoined,
+            format!(
+                "{why}: the query reads both cases ({yes} or {no}), each as the rules write it"
+            ),
+        );
+        self.union_depth += 1;
+        let v = self.expr(e);
+        self.union_depth -= 1;
+        v
     }
 
     /// Wraps `e` so that it returns the old values: `(e) * den / num`.
@@ -1681,7 +1805,6 @@ rank_dedup:
     fn what_cannot_be_kept_is_reported_not_changed() {
         for (q, reason) in [
             ("gone", Reason::Dropped),
-            ("cond", Reason::LabelDependent),
             (r#"{__name__=~"lat_.*"}"#, Reason::NameRegex),
             (r#"lat_ms_bucket{le=~"1.*"}"#, Reason::ValueRegex),
             (r#"tagged{env="dev"}"#, Reason::LabelChanged),
@@ -1700,6 +1823,26 @@ rank_dedup:
         // A label-dependent rule decided by the selector is rewritten.
         assert_eq!(rw(r#"cond{kind="a"}"#, true).query, r#"cond_a{kind="a"}"#);
         assert!(!rw(r#"cond{kind="b"}"#, true).changed);
+    }
+
+    #[test]
+    fn a_label_dependent_rule_is_rewritten_as_the_union_of_its_cases() {
+        let r = rw("sum by (kind) (cond)", true);
+        assert_eq!(
+            r.query,
+            r#"sum by (kind) ((cond_a{kind="a"} or cond{kind!="a"}))"#
+        );
+        assert!(reasons(&r).contains(&Reason::CasesJoined));
+        assert!(!r.needs_human(), "{:?}", r.findings);
+        // Over a range: the call of each case.
+        let r = rw("rate(cond[5m]) > 1", true);
+        assert_eq!(
+            r.query,
+            r#"(rate(cond_a{kind="a"}[5m]) or rate(cond{kind!="a"}[5m])) > 1"#
+        );
+        // A migrated query is left alone.
+        let again = rw(&r.query, true);
+        assert!(!again.changed, "{}", again.query);
     }
 
     #[test]
