@@ -1301,13 +1301,16 @@ fn has_labels_rules_apply_to_series_that_carry_the_label() {
             None => assert!(!r.changed, "{query}: {}", r.query),
         }
     }
-    // Without a priority matcher the query's meaning depends on the label: said so.
+    // Without a priority matcher the query reads both cases, each as the rules write it.
     let r = rw.rewrite("sglang:num_running_reqs");
+    assert_eq!(
+        r.query,
+        r#"(sglang:num_running_reqs_by_priority{priority!=""} or sglang:num_running_reqs{priority=""})"#
+    );
     assert!(
-        !r.changed
-            && r.findings
-                .iter()
-                .any(|f| f.reason == promnorm::migrate::Reason::LabelDependent),
+        r.findings
+            .iter()
+            .any(|f| f.reason == promnorm::migrate::Reason::CasesJoined),
         "{r:?}"
     );
 }
@@ -1674,6 +1677,7 @@ fn the_labels_rules_edit_are_listed() {
         ),
         [
             "__name__",
+            "__unit__",
             "direction",
             "le",
             "pod_uid",
