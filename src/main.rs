@@ -600,8 +600,9 @@ fn migrate(what: MigrateCommand) -> anyhow::Result<ExitCode> {
             if input.is_dir() {
                 return migrate_tree(&rws, opts, keep_values, input, output.as_ref());
             }
+            // The reason goes in the message: `main` prints the top error only.
             let m = migrate::files::migrate(&rws, &read_input(input)?)
-                .with_context(|| input.display().to_string())?;
+                .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
             (m.text, output.as_ref(), m.entries)
         }
     };
