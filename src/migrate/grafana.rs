@@ -396,6 +396,21 @@ fn unit_plan(
     }
 }
 
+/// `fieldConfig.overrides[i].properties[j].value` of the panel at `path`.
+fn override_value(path: &Path, i: usize, j: usize) -> Path {
+    at(
+        path,
+        &[
+            "fieldConfig".into(),
+            "overrides".into(),
+            i.into(),
+            "properties".into(),
+            j.into(),
+            "value".into(),
+        ],
+    )
+}
+
 /// The units a panel sets: its default, its overrides', and a graph panel's left axis
 /// (its right axis too when a series is drawn on it).
 fn panel_units(p: &Value, path: &Path) -> Vec<(Path, String)> {
@@ -421,20 +436,7 @@ fn panel_units(p: &Value, path: &Path) -> Vec<(Path, String)> {
                 if prop.get("id").and_then(Value::as_str) == Some("unit")
                     && let Some(u) = prop.get("value").and_then(Value::as_str)
                 {
-                    units.push((
-                        at(
-                            path,
-                            &[
-                                "fieldConfig".into(),
-                                "overrides".into(),
-                                i.into(),
-                                "properties".into(),
-                                j.into(),
-                                "value".into(),
-                            ],
-                        ),
-                        u.to_string(),
-                    ));
+                    units.push((override_value(path, i, j), u.to_string()));
                 }
             }
         }
@@ -522,17 +524,7 @@ fn scaled_numbers(p: &Value, path: &Path, f: Factor) -> Vec<(Path, Value, Value)
                 continue;
             };
             for (j, prop) in props.iter().enumerate() {
-                let base = at(
-                    path,
-                    &[
-                        "fieldConfig".into(),
-                        "overrides".into(),
-                        i.into(),
-                        "properties".into(),
-                        j.into(),
-                        "value".into(),
-                    ],
-                );
+                let base = override_value(path, i, j);
                 match prop.get("id").and_then(Value::as_str) {
                     Some("min" | "max") => visit(prop.get("value"), base),
                     Some("thresholds") => thresholds(prop.get("value"), &base, &mut visit),
