@@ -36,6 +36,8 @@ CASES = [
     ("promnorm-all-packs-memory-queue", "every pack, memory queue", "promnorm"),
     ("promnorm-all-packs-disk-queue", "every pack, disk queue", "promnorm"),
     ("promnorm-all-packs-tenancy", "every pack, tenancy", "promnorm"),
+    ("promnorm-all-packs-limits", "every pack, series limits on", "promnorm"),
+    ("promnorm-all-packs-wide", "every pack, ~481k-series fleet", "promnorm"),
 ]
 # promnorm case over vmagent case, written beside the promnorm bar.
 PAIRS = {

@@ -54,7 +54,8 @@ promnorm_queue_case() { # name config
 
 NAMES=(vmagent-relabel promnorm-all-packs promnorm-all-packs-rw2
   promnorm-all-packs-memory-queue promnorm-all-packs-disk-queue promnorm-all-packs-rw2-out
-  promnorm-all-packs-tenancy promnorm-all-packs-limits vmagent-passthrough promnorm-passthrough)
+  promnorm-all-packs-tenancy promnorm-all-packs-limits promnorm-all-packs-wide
+  vmagent-passthrough promnorm-passthrough)
 run_case() { # name
   case $1 in
   vmagent-relabel)
@@ -68,6 +69,9 @@ run_case() { # name
   promnorm-all-packs-rw2-out) promnorm_queue_case "$1" bench/all-packs-rw2-out.yaml ;;
   promnorm-all-packs-tenancy) promnorm_queue_case "$1" bench/all-packs-tenancy.yaml ;;
   promnorm-all-packs-limits) promnorm_case "$1" bench/all-packs-limits.yaml ;;
+  # The wide fleet: 16x the nodes, ~481k distinct series, each sent about once a round
+  # (256 requests of 2,000), against the usual ~30k replayed ~6.6 times a round.
+  promnorm-all-packs-wide) promnorm_case "$1" bench/all-packs.yaml --nodes 256 --count 256 ;;
   vmagent-passthrough) case_run vmagent-passthrough "${vmagent_in[@]}" --sut-cmd "$VMAGENT $vmagent_cmd" ;;
   promnorm-passthrough) promnorm_case "$1" bench/passthrough.yaml ;;
   esac

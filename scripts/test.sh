@@ -94,6 +94,9 @@ if command -v kubectl >/dev/null 2>&1; then
   done
 fi
 
+# BENCHMARKS.md's table and chart are generated from bench/results/: stale ones fail.
+python3 bench/summary.py --check
+
 # Everything else comes from the repository: the zero-allocation test and the benches
 # build their remote-write payloads in process (promnorm::testkit::fleet).
 # Tests build optimised but without link-time optimisation: ~25 test binaries link in

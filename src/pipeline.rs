@@ -552,7 +552,11 @@ impl Pipeline {
         if let Some(g) = &self.guard {
             let mapped = mapped_body(&ws.encoded, &ws.raw[..ws.raw_len], ws.mapped_is_input);
             let sender = ws.has_sender_tenant.then_some(&ws.sender_tenant[..]);
-            let left_out = g.filter(mapped, sender, &mut ws.guard)?;
+            let left_out = if ws.mapped_is_input && !ws.decoded.v2 {
+                g.filter_input(mapped, &ws.decoded, sender, &mut ws.guard)?
+            } else {
+                g.filter(mapped, sender, &mut ws.guard)?
+            };
             if left_out.series > 0 {
                 std::mem::swap(&mut ws.encoded, &mut ws.guard.out);
                 ws.mapped_is_input = false;

@@ -23,8 +23,8 @@ use arc_swap::ArcSwap;
 
 use crate::telemetry;
 use crate::wire::DecodeError;
-use crate::wire::decode::short_label_at;
-use crate::wire::pb::{Reader, WIRE_LEN};
+use crate::wire::decode::{DecodedRequest, short_label_at};
+use crate::wire::pb::{Reader, WIRE_LEN, varint_len};
 use tracker::{Entry, Tables};
 
 /// One tenant's (max_series_per_metric, max_series_per_tenant); `None` keeps the global.
@@ -181,6 +181,8 @@ pub struct GuardScratch {
     pending: Vec<Pending>,
     drops: Vec<Drop>,
     counted: Vec<(Reason, TenantAt, u64)>,
+    /// A hash of (reason, tenant) → its place in `counted`.
+    counted_at: HashMap<u64, usize>,
     /// The body without the series left out, when the last [`Guard::filter`] left some.
     pub out: Vec<u8>,
 }
@@ -298,12 +300,26 @@ impl Guard {
         sender_tenant: Option<&[u8]>,
         scratch: &mut GuardScratch,
     ) -> Result<Filtered, DecodeError> {
-        self.filter_at(body, sender_tenant, scratch, self.now())
+        self.filter_at(body, None, sender_tenant, scratch, self.now())
+    }
+
+    /// [`Guard::filter`] for a 1.0 request no rule touched (`body` is the input that
+    /// `decoded` was decoded from): each series' labels are where the decoder found them,
+    /// so the series are not walked again.
+    pub fn filter_input(
+        &self,
+        body: &[u8],
+        decoded: &DecodedRequest,
+        sender_tenant: Option<&[u8]>,
+        scratch: &mut GuardScratch,
+    ) -> Result<Filtered, DecodeError> {
+        self.filter_at(body, Some(decoded), sender_tenant, scratch, self.now())
     }
 
     fn filter_at(
         &self,
         body: &[u8],
+        decoded: Option<&DecodedRequest>,
         sender_tenant: Option<&[u8]>,
         s: &mut GuardScratch,
         now: u32,
@@ -333,50 +349,24 @@ impl Guard {
         // read-locked: the lookups, one after another, so that their cache misses
         // overlap.
         s.seen.clear();
-        let mut r = Reader::new(body, 0, body.len());
-        while !r.is_done() {
-            let from = r.pos();
-            let (field, wire) = r.key()?;
-            if field != 1 || wire != WIRE_LEN {
-                r.skip(wire)?;
-                continue;
+        let from_view =
+            decoded.is_some_and(|d| self.seen_from_view(body, d, &opts, tenant_label, salt, s));
+        if !from_view {
+            s.seen.clear();
+            s.drops.clear();
+            let mut r = Reader::new(body, 0, body.len());
+            while !r.is_done() {
+                let from = r.pos();
+                let (field, wire) = r.key()?;
+                if field != 1 || wire != WIRE_LEN {
+                    r.skip(wire)?;
+                    continue;
+                }
+                let (start, end) = r.len_delimited()?;
+                let to = r.pos();
+                let sc = self.scan(body, start, end, tenant_label)?;
+                self.pass_one(&opts, s, sc, salt, (from, to), (start, end));
             }
-            let (start, end) = r.len_delimited()?;
-            let to = r.pos();
-            let sc = self.scan(body, start, end, tenant_label)?;
-            let over = if opts.series_max_labels > 0 && sc.labels > opts.series_max_labels {
-                Some(Reason::SeriesMaxLabels)
-            } else if opts.series_max_label_value_bytes > 0
-                && sc.longest_value > opts.series_max_label_value_bytes
-            {
-                Some(Reason::SeriesMaxLabelValueBytes)
-            } else {
-                None
-            };
-            if let Some(reason) = over {
-                s.drops.push(Drop {
-                    from,
-                    to,
-                    reason,
-                    tenant: tenant_at(sc.tenant),
-                    name: sc.name,
-                    samples: sc.samples,
-                    histograms: sc.histograms,
-                });
-                continue;
-            }
-            let key = if sc.tenant.is_some() {
-                sc.hash
-            } else {
-                sc.hash ^ salt
-            };
-            s.seen.push(Seen {
-                key,
-                from,
-                to,
-                start,
-                end,
-            });
         }
         {
             let Ok(t) = self.tables.read() else {
@@ -425,6 +415,106 @@ impl Guard {
         s.out.extend_from_slice(&body[at..]);
         self.account(&opts, body, fallback, s, now);
         Ok(done)
+    }
+
+    /// Pass one from the decoder's view of `body`: each series' key and label limits;
+    /// false (and pass one is walked instead) where a series is not where the walk
+    /// would find it, as a top-level field 1 with a short length.
+    fn seen_from_view(
+        &self,
+        body: &[u8],
+        decoded: &DecodedRequest,
+        opts: &GuardOptions,
+        tenant_label: Option<&[u8]>,
+        salt: u64,
+        s: &mut GuardScratch,
+    ) -> bool {
+        for v in &decoded.series {
+            let (start, end) = (v.raw.start as usize, v.raw.end as usize);
+            let Some(from) = start.checked_sub(1 + varint_len((end - start) as u64)) else {
+                return false;
+            };
+            if body.get(from) != Some(&0x0a)
+                || short_varint(body, from + 1) != Some((end - start, start - from - 1))
+            {
+                return false;
+            }
+            let labels = &decoded.labels[v.labels.usize()];
+            let sc = match labels.last() {
+                Some(last) if v.labels_encoded => {
+                    let mut sc = Scan {
+                        labels: labels.len(),
+                        name: (v.name.start as usize, v.name.end as usize),
+                        hash: label_hash(&body[start..last.value.end as usize]),
+                        samples: v.samples.len() as u64,
+                        histograms: v.histograms.len() as u64,
+                        ..Scan::default()
+                    };
+                    if opts.series_max_label_value_bytes > 0 {
+                        sc.longest_value = labels.iter().map(|l| l.value.len()).max().unwrap_or(0);
+                    }
+                    if let Some(t) = tenant_label {
+                        sc.tenant = labels
+                            .iter()
+                            .find(|l| l.name.bytes(body) == t && !l.value.is_empty())
+                            .map(|l| (l.value.start as usize, l.value.end as usize));
+                    }
+                    sc
+                }
+                _ => match self.scan(body, start, end, tenant_label) {
+                    Ok(sc) => sc,
+                    Err(_) => return false,
+                },
+            };
+            self.pass_one(opts, s, sc, salt, (from, end), (start, end));
+        }
+        true
+    }
+
+    /// Pass one's verdict on one series: left out by a label limit, or seen.
+    #[inline]
+    fn pass_one(
+        &self,
+        opts: &GuardOptions,
+        s: &mut GuardScratch,
+        sc: Scan,
+        salt: u64,
+        (from, to): Range,
+        (start, end): Range,
+    ) {
+        let over = if opts.series_max_labels > 0 && sc.labels > opts.series_max_labels {
+            Some(Reason::SeriesMaxLabels)
+        } else if opts.series_max_label_value_bytes > 0
+            && sc.longest_value > opts.series_max_label_value_bytes
+        {
+            Some(Reason::SeriesMaxLabelValueBytes)
+        } else {
+            None
+        };
+        if let Some(reason) = over {
+            s.drops.push(Drop {
+                from,
+                to,
+                reason,
+                tenant: tenant_at(sc.tenant),
+                name: sc.name,
+                samples: sc.samples,
+                histograms: sc.histograms,
+            });
+            return;
+        }
+        let key = if sc.tenant.is_some() {
+            sc.hash
+        } else {
+            sc.hash ^ salt
+        };
+        s.seen.push(Seen {
+            key,
+            from,
+            to,
+            start,
+            end,
+        });
     }
 
     /// A known series seen again: its last-seen second, and its labels into the
@@ -572,15 +662,33 @@ impl Guard {
             TenantAt::Fallback => fallback,
         };
         s.counted.clear();
+        s.counted_at.clear();
         for d in &s.drops {
             let n = d.samples + d.histograms;
-            match s
-                .counted
-                .iter_mut()
-                .find(|(r, t, _)| *r == d.reason && tenant_of(*t) == tenant_of(d.tenant))
-            {
-                Some(c) => c.2 += n,
-                None => s.counted.push((d.reason, d.tenant, n)),
+            let tenant = tenant_of(d.tenant);
+            // By a hash of (reason, tenant), then the tenant compared: one lookup a
+            // drop however many tenants the request has.
+            let key = {
+                let mut h = self.hasher.build_hasher();
+                h.write_u8(d.reason as u8);
+                h.write(tenant);
+                h.finish()
+            };
+            let at = s.counted_at.entry(key).or_insert(usize::MAX);
+            match s.counted.get_mut(*at) {
+                Some(c) if c.0 == d.reason && tenant_of(c.1) == tenant => c.2 += n,
+                Some(_) => match s
+                    .counted
+                    .iter_mut()
+                    .find(|(r, t, _)| *r == d.reason && tenant_of(*t) == tenant)
+                {
+                    Some(c) => c.2 += n,
+                    None => s.counted.push((d.reason, d.tenant, n)),
+                },
+                None => {
+                    *at = s.counted.len();
+                    s.counted.push((d.reason, d.tenant, n));
+                }
             }
         }
         let tenancy = opts.tenant_label.is_some();
@@ -671,6 +779,12 @@ impl Guard {
         }
         if let Ok(mut t) = self.tables.write() {
             t.expire(now.saturating_sub(window));
+            // The view sampled past its capacity and the series have since gone: twice
+            // the sample still leaves half the capacity free, so the rate goes back up
+            // (a quarter: no back and forth at the bound).
+            if t.shift > 0 && !opts.enforcing() && t.series.len() < opts.max_tracked_series / 4 {
+                t.double_sample();
+            }
         }
     }
 

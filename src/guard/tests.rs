@@ -53,7 +53,7 @@ fn many(name: &str, n: usize) -> Vec<TimeSeries> {
 
 fn run(g: &Guard, b: &[u8], now: u32) -> (Filtered, Vec<u8>) {
     let mut s = GuardScratch::default();
-    let f = g.filter_at(b, None, &mut s, now).unwrap();
+    let f = g.filter_at(b, None, None, &mut s, now).unwrap();
     let out = if f.series > 0 {
         s.out.clone()
     } else {
@@ -187,6 +187,33 @@ fn without_limits_the_view_samples_past_its_capacity() {
 }
 
 #[test]
+fn the_sample_rate_comes_back_once_the_burst_has_left_the_window() {
+    let g = Guard::new(GuardOptions {
+        max_tracked_series: 1000,
+        ..Default::default()
+    });
+    run(&g, &body(many("burst", 8000)), 1);
+    assert!(g.report(None, 1).sample_rate < 1.0);
+    // The burst leaves the 10-minute window; a steady 100 series stay. Each sweep (a
+    // tenth of the window) doubles the rate back while the sample is small.
+    let steady = body(many("steady", 100));
+    let mut now = 700;
+    while now < 700 + 10 * 60 {
+        run(&g, &steady, now);
+        now += 60;
+    }
+    let r = g.report(None, 5);
+    assert_eq!(r.sample_rate, 1.0);
+    assert!(!r.estimated);
+    run(&g, &steady, now);
+    let r = g.report(None, 5);
+    assert_eq!(
+        r.tenants[0].active_series, 100,
+        "every steady series counted again"
+    );
+}
+
+#[test]
 fn a_limit_on_tracks_exactly_and_refuses_past_capacity() {
     let g = Guard::new(GuardOptions {
         max_series_per_tenant: 100_000,
@@ -302,4 +329,73 @@ fn the_quick_scan_agrees_with_the_general_one() {
     // The 300-byte value takes two length bytes, and prost leaves an empty value out:
     // both the general walk's.
     assert_eq!(quick, 3);
+}
+
+/// Runs `b` through the walk on one guard and through the decoder's view on another:
+/// the same series left out, the same counts in the view.
+fn walk_and_view_agree(opts: GuardOptions, b: &[u8]) -> usize {
+    use crate::wire::decode::{DecodeLimits, DecodedRequest};
+    let walk = Guard::new(opts.clone());
+    let view = Guard::new(opts);
+    let mut d = DecodedRequest::default();
+    d.decode(b, DecodeLimits::default()).unwrap();
+    let (mut sw, mut sv) = (GuardScratch::default(), GuardScratch::default());
+    for now in [1, 2] {
+        let fw = walk.filter_at(b, None, Some(b"hdr"), &mut sw, now).unwrap();
+        let fv = view
+            .filter_at(b, Some(&d), Some(b"hdr"), &mut sv, now)
+            .unwrap();
+        assert_eq!(fw, fv);
+        if fw.series > 0 {
+            assert_eq!(sw.out, sv.out);
+        }
+    }
+    let (rw, rv) = (walk.report(None, 100), view.report(None, 100));
+    assert_eq!(rw, rv);
+    walk.filter_at(b, None, Some(b"hdr"), &mut sw, 3)
+        .unwrap()
+        .series
+}
+
+#[test]
+fn the_decoders_view_and_the_walk_key_and_leave_out_alike() {
+    let mut all = many("vllm:bad", 300);
+    all.extend(many("vllm:good", 10));
+    all.push(series(&[("__name__", "wide"), ("a", &"x".repeat(300))]));
+    all.push(series(&[
+        ("__name__", "tenanted"),
+        ("namespace", "team-a"),
+        ("pod", "p"),
+    ]));
+    let b = body(all);
+    let left = walk_and_view_agree(
+        GuardOptions {
+            max_series_per_metric: 100,
+            series_max_label_value_bytes: 200,
+            tenant_label: Some(b"namespace".as_slice().into()),
+            ..Default::default()
+        },
+        &b,
+    );
+    assert_eq!(left, 201);
+    assert_eq!(walk_and_view_agree(GuardOptions::default(), &b), 0);
+}
+
+#[test]
+fn a_series_length_written_long_is_walked_not_misplaced() {
+    // The same series, its length as a two-byte varint (valid protobuf, not minimal):
+    // the view cannot find where its field starts, so the walk reads the request.
+    let one = body(many("m", 1));
+    assert!(one[1] < 0x80);
+    let mut long = vec![0x0a, one[1] | 0x80, 0x00];
+    long.extend_from_slice(&one[2..]);
+    long.extend_from_slice(&body(many("n", 3)));
+    let left = walk_and_view_agree(
+        GuardOptions {
+            max_series_per_metric: 2,
+            ..Default::default()
+        },
+        &long,
+    );
+    assert_eq!(left, 1);
 }

@@ -318,6 +318,12 @@ impl Tables {
         self.remove_where(|k, _| k >> (64 - shift) == 0);
     }
 
+    /// Doubles the sample again (undoes one [`Tables::halve_sample`]); the series of
+    /// the half let in are counted as they are next seen.
+    pub fn double_sample(&mut self) {
+        self.shift = self.shift.saturating_sub(1);
+    }
+
     /// Forgets everything (a switch between sampled and exact tracking).
     pub fn clear(&mut self) {
         *self = Tables::default();

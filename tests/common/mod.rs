@@ -272,13 +272,18 @@ pub const RW_HEADERS: &[(&str, &str)] = &[
 ];
 
 pub async fn get(url: &str) -> HttpReply {
+    get_with(url, &[]).await
+}
+
+/// `GET url` with these request headers.
+pub async fn get_with(url: &str, headers: &[(&str, &str)]) -> HttpReply {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = axum::http::Request::get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
     let resp = client
-        .request(
-            axum::http::Request::get(url)
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
+        .request(req.body(Full::new(Bytes::new())).unwrap())
         .await
         .expect("request");
     let status = resp.status();

@@ -222,6 +222,69 @@ async fn federate_serves_what_was_forwarded_filtered_by_match() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn federate_with_tenancy_serves_the_scrapes_tenant_only() {
+    let (backend, _rec) = fake_backend(Reply::ok()).await;
+    let proxy = start_proxy(
+        &[backend],
+        "tenancy: {label: namespace, default: shared}\nexposition: {ttl: 5m, max_series: 1000}\n",
+    )
+    .await;
+    let req = pb::WriteRequest {
+        timeseries: vec![
+            series(
+                &[("__name__", "load"), ("namespace", "team-a"), ("pod", "a0")],
+                &[(1.0, 1_700_000_000_000)],
+            ),
+            series(
+                &[("__name__", "load"), ("namespace", "team-b"), ("pod", "b0")],
+                &[(2.0, 1_700_000_000_000)],
+            ),
+            series(
+                &[("__name__", "load"), ("pod", "s0")],
+                &[(3.0, 1_700_000_000_000)],
+            ),
+        ],
+        ..Default::default()
+    };
+    let r = post(&proxy.url(), encode(&req), RW_HEADERS).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let url = format!("http://{}/federate", proxy.addr);
+    let a = get_with(&url, &[("X-Scope-OrgID", "team-a")]).await;
+    assert_eq!(a.status, 200);
+    // The tenant's series only, its tenant label hidden (tenancy.keep_label: false).
+    assert!(
+        a.body.contains("load{pod=\"a0\"} 1 1700000000000\n"),
+        "{}",
+        a.body
+    );
+    assert!(
+        !a.body.contains("b0") && !a.body.contains("s0"),
+        "{}",
+        a.body
+    );
+    // Series without the label belong to tenancy.default.
+    let shared = get_with(&url, &[("X-Scope-OrgID", "shared")]).await;
+    assert!(
+        shared.body.contains("load{pod=\"s0\"} 3"),
+        "{}",
+        shared.body
+    );
+    assert!(
+        !shared.body.contains("a0") && !shared.body.contains("b0"),
+        "{}",
+        shared.body
+    );
+    let none = get_with(&url, &[("X-Scope-OrgID", "team-c")]).await;
+    assert!(!none.body.contains("load{"), "{}", none.body);
+    // Without the header: every tenant's, as they were forwarded.
+    let all = get(&url).await;
+    for pod in ["a0", "b0", "s0"] {
+        assert!(all.body.contains(&format!("pod=\"{pod}\"")), "{}", all.body);
+    }
+    proxy.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_sd_change_is_picked_up_without_a_restart() {
     let a = serve_exposition("a_gauge 1\n".into()).await;
     let b = serve_exposition("b_gauge 2\n".into()).await;

@@ -121,6 +121,11 @@ enum Cmd {
         /// With it, a pass's CPU and wall time are the sums of its requests' own times
         #[arg(long, default_value_t = 0)]
         evict_kib: usize,
+        /// Instead of the pipeline, the floor any proxy pays for the same input: snappy
+        /// decompression into a reused buffer and one walk over every field (series,
+        /// labels, samples), nothing validated or kept. `--config` is then only checked
+        #[arg(long)]
+        floor: bool,
     },
 }
 
@@ -241,13 +246,14 @@ fn main() -> anyhow::Result<()> {
             threads,
             tenancy,
             evict_kib,
+            floor,
         } => pipeline_cost(
             &config,
             rounds,
             (proto, out),
             (mode, threads),
             count,
-            (tenancy.as_deref(), evict_kib),
+            (tenancy.as_deref(), evict_kib, floor),
         ),
         Cmd::Run(args) => {
             pin_self(&args.load_cpu)?;
@@ -405,6 +411,57 @@ fn to_v2(req: &pb::WriteRequest) -> v2::Request {
 
 // ------------------------------------------------------------------ pipeline --
 
+#[derive(Default)]
+struct FloorBuffers {
+    decoder: Option<snap::raw::Decoder>,
+    raw: Vec<u8>,
+}
+
+/// The floor of a remote-write proxy's read side: `body` decompressed into a reused
+/// buffer, then every field walked (each series, each label's and sample's field) in the
+/// tightest loop that still reads every key and length, nothing validated or kept.
+/// Returns the samples met.
+fn floor_read(bufs: &mut FloorBuffers, body: &[u8]) -> anyhow::Result<u64> {
+    let decoder = bufs.decoder.get_or_insert_with(snap::raw::Decoder::new);
+    let n = promnorm::wire::snappy::decompress_into(decoder, body, 64 << 20, &mut bufs.raw)?;
+    let raw = &bufs.raw[..n];
+    let mut samples = 0u64;
+    let mut p = 0;
+    while p < raw.len() {
+        let (key, at) = floor_varint(raw, p).ok_or_else(|| anyhow::anyhow!("bad key"))?;
+        let (len, at) = floor_varint(raw, at).ok_or_else(|| anyhow::anyhow!("bad length"))?;
+        anyhow::ensure!(key & 7 == 2, "unexpected wire type at {p}");
+        let end = at + len as usize;
+        if key == 0x0a {
+            let mut q = at;
+            while q < end {
+                let k = raw[q];
+                let (len, after) =
+                    floor_varint(raw, q + 1).ok_or_else(|| anyhow::anyhow!("bad length"))?;
+                samples += u64::from(k == 0x12);
+                q = after + len as usize;
+            }
+        }
+        p = end;
+    }
+    Ok(samples)
+}
+
+/// A varint at `b[p..]`: its value and the position after it.
+#[inline(always)]
+fn floor_varint(b: &[u8], mut p: usize) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let x = *b.get(p)?;
+        p += 1;
+        v |= u64::from(x & 0x7f) << shift;
+        if x < 0x80 {
+            return Some((v, p));
+        }
+    }
+    None
+}
+
 /// CPU seconds this thread has run.
 fn thread_cpu_seconds() -> f64 {
     promnorm::sys::thread_cpu_seconds()
@@ -416,8 +473,12 @@ fn pipeline_cost(
     (proto, out): (Proto, Proto),
     (mode, threads): (ModeArg, usize),
     count: usize,
-    (tenancy, evict_kib): (Option<&str>, usize),
+    (tenancy, evict_kib, floor): (Option<&str>, usize, bool),
 ) -> anyhow::Result<()> {
+    ensure!(
+        !floor || (proto == Proto::V1 && tenancy.is_none() && out == Proto::V1),
+        "--floor reads 1.0 input only, without --tenancy or --out 2"
+    );
     use promnorm::app::Assemble;
     use promnorm::pipeline::InputProtocol;
     let load = LoadArgs {
@@ -477,6 +538,7 @@ fn pipeline_cost(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .pop()
             .unwrap_or_default();
+        let mut floor_buf = FloorBuffers::default();
         // A pass's requests' own CPU and wall time, in µs (without the evictions).
         let mut pass =
             |ws: &mut promnorm::pipeline::Workspace, timed: bool| -> anyhow::Result<(f64, f64)> {
@@ -490,6 +552,10 @@ fn pipeline_cost(
                     } else {
                         (0.0, None)
                     };
+                    if floor {
+                        std::hint::black_box(floor_read(&mut floor_buf, b)?);
+                        continue;
+                    }
                     pipeline.process_as(ws, b, input)?;
                     if let Some(label) = tenancy {
                         split_and_encode(&pipeline, ws, label, out, &family_tenants)?;
