@@ -582,11 +582,13 @@ pub fn scrape_options(cfg: &Config) -> Option<crate::scrape::ScrapeOptions> {
             .map(|t| crate::scrape::TargetSpec {
                 url: t.url.clone(),
                 labels: t.labels.clone(),
+                params: crate::scrape::merge_params(&sc.params, &t.params),
             })
             .collect(),
         file_sd: sc.file_sd.clone(),
         file_sd_refresh: sc.file_sd_refresh,
         parse_groups: parse_file_sd,
+        params: sc.params.clone(),
     })
 }
 

@@ -187,6 +187,19 @@ impl Config {
                 }
             }
         }
+        for name in sc
+            .params
+            .keys()
+            .chain(sc.targets.iter().flat_map(|t| t.params.keys()))
+        {
+            if name.is_empty() {
+                return Err(self.invalid_at(
+                    "params",
+                    "",
+                    "scrape params: a parameter name is empty",
+                ));
+            }
+        }
         for pattern in &sc.file_sd {
             if pattern.is_empty() {
                 return Err(self.invalid_at("file_sd", "", "scrape.file_sd: an empty path"));

@@ -198,6 +198,10 @@ pub struct ScrapeConfig {
     /// How often the `file_sd` files are checked for changes.
     #[serde(deserialize_with = "de_duration", serialize_with = "se_duration")]
     pub file_sd_refresh: Duration,
+    /// URL query parameters of every target (name → values), as Prometheus' `params`;
+    /// a target's own `params`, or a `file_sd` group's `__param_<name>` label, replaces
+    /// the first value of that name.
+    pub params: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for ScrapeConfig {
@@ -211,6 +215,7 @@ impl Default for ScrapeConfig {
             targets: Vec::new(),
             file_sd: Vec::new(),
             file_sd_refresh: Duration::from_secs(5),
+            params: BTreeMap::new(),
         }
     }
 }
@@ -225,6 +230,10 @@ pub struct ScrapeTargetConfig {
     /// them `job` is `scrape` and `instance` the URL's `host:port`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// URL query parameters of this target; each name replaces the first value of the
+    /// same name in `scrape.params`.
+    #[serde(default)]
+    pub params: BTreeMap<String, Vec<String>>,
 }
 
 /// One group of a `file_sd` file (Prometheus' format).

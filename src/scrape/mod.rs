@@ -7,6 +7,7 @@
 
 pub mod encode;
 pub mod sd;
+pub mod status;
 pub mod text;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,13 +39,65 @@ pub struct ScrapeOptions {
     pub file_sd: Vec<String>,
     pub file_sd_refresh: Duration,
     pub parse_groups: sd::ParseGroups,
+    /// `scrape.params`: the URL query parameters of every target (a target's own, or a
+    /// `file_sd` group's `__param_<name>`, replaces a name's first value).
+    pub params: Params,
 }
 
-/// One target: where, and the labels its series get.
+/// URL query parameters: name → values, in order.
+pub type Params = BTreeMap<String, Vec<String>>;
+
+/// One target: where, the labels its series get, and the query parameters it is
+/// scraped with.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TargetSpec {
     pub url: String,
     pub labels: BTreeMap<String, String>,
+    pub params: Params,
+}
+
+impl TargetSpec {
+    /// The URL scraped: `url` with `params` appended to its query, form-encoded.
+    pub fn scrape_url(&self) -> String {
+        let mut out = self.url.clone();
+        let mut sep = if out.contains('?') { '&' } else { '?' };
+        for (name, values) in &self.params {
+            for v in values {
+                out.push(sep);
+                out.push_str(&query_component(name));
+                out.push('=');
+                out.push_str(&query_component(v));
+                sep = '&';
+            }
+        }
+        out
+    }
+}
+
+/// Percent-encodes what a query's name or value may not hold as it is.
+fn query_component(s: &str) -> String {
+    const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, RESERVED).to_string()
+}
+
+/// `params` over `base`: each name `own` gives replaces `base`'s first value of it (the
+/// rest stay), as a `__param_<name>` label does in Prometheus.
+pub fn merge_params(base: &Params, own: &Params) -> Params {
+    let mut out = base.clone();
+    for (name, values) in own {
+        let slot = out.entry(name.clone()).or_default();
+        let rest = if slot.len() > values.len() {
+            slot.split_off(values.len())
+        } else {
+            Vec::new()
+        };
+        *slot = values.iter().cloned().chain(rest).collect();
+    }
+    out
 }
 
 /// How the pipeline took a scrape's body.
@@ -64,6 +117,8 @@ pub trait Host: Send + Sync + 'static {
     fn scrape_options(&self) -> Option<Arc<ScrapeOptions>>;
     /// Takes one uncompressed remote-write 1.0 body as a pushed request would be taken.
     fn ingest<'a>(&'a self, body: &'a [u8]) -> DeliverFuture<'a>;
+    /// Where the targets' states are kept for `/api/v1/targets` (outlives reloads).
+    fn targets(&self) -> &status::Targets;
 }
 
 /// The `Accept` header Prometheus sends: OpenMetrics first, then the text format.
@@ -136,9 +191,10 @@ pub async fn run(host: Arc<dyn Host>, tls: rustls::ClientConfig) {
             if sd_read.is_none_or(|t| t.elapsed() >= o.file_sd_refresh) {
                 let patterns = o.file_sd.clone();
                 let parse = o.parse_groups;
+                let params = o.params.clone();
                 let mut sd_state = std::mem::take(&mut file_sd);
                 let (state, targets) = tokio::task::spawn_blocking(move || {
-                    let t = sd_state.refresh(&patterns, parse);
+                    let t = sd_state.refresh(&patterns, parse, &params);
                     (sd_state, t)
                 })
                 .await
@@ -166,11 +222,13 @@ pub async fn run(host: Arc<dyn Host>, tls: rustls::ClientConfig) {
         // The ones no longer configured: dropping their sender tells them to stop.
         running.retain(|spec, _| desired.binary_search(spec).is_ok());
         if let Some(tx) = &settings_tx {
+            let s = *tx.borrow();
             for spec in desired {
                 if running.contains_key(&spec) {
                     continue;
                 }
                 let (stop_tx, stop_rx) = oneshot::channel();
+                host.targets().started(&spec, s.interval, s.timeout);
                 tasks.spawn(target_loop(
                     host.clone(),
                     client.clone(),
@@ -245,7 +303,7 @@ async fn target_loop(
     let mut enc = TargetEncoder::new(target_labels(&spec));
     let phase_key = fnv(&format!("{}{:?}", spec.url, spec.labels));
     let mut last_error: Option<String> = None;
-    let url = spec.url.clone();
+    let url = spec.scrape_url();
     loop {
         let s = *settings.borrow();
         let wait = until_next(phase_key, s.interval, unix_ms());
@@ -256,6 +314,7 @@ async fn target_loop(
                 let stale = enc.encode_removal(unix_ms(), &mut out);
                 metrics::counter!(crate::telemetry::SCRAPE_STALE).increment(stale);
                 tracing::info!(target = %url, stale_markers = stale, "scrape target removed");
+                host.targets().stopped(&spec);
                 deliver(&*host, out, Instant::now() + s.interval).await;
                 return;
             }
@@ -307,6 +366,18 @@ async fn target_loop(
             }
         };
         metrics::histogram!(crate::telemetry::SCRAPE_DURATION).record(duration);
+        host.targets().scraped(
+            &spec,
+            &status::Scraped {
+                up,
+                error: if up { None } else { last_error.as_deref() },
+                at_ms: now_ms,
+                duration_seconds: duration,
+                samples,
+                interval: s.interval,
+                timeout: s.timeout,
+            },
+        );
         enc.encode_report(
             &Report {
                 up,
@@ -467,10 +538,40 @@ mod tests {
     }
 
     #[test]
+    fn params_are_appended_form_encoded_and_merged_first_value_first() {
+        let base: Params = [
+            (
+                "module".to_string(),
+                vec!["gpu".to_string(), "cpu".to_string()],
+            ),
+            ("target".to_string(), vec!["a b&c".to_string()]),
+        ]
+        .into();
+        let own: Params = [("module".to_string(), vec!["nic".to_string()])].into();
+        let merged = merge_params(&base, &own);
+        assert_eq!(merged["module"], vec!["nic", "cpu"]);
+        let spec = TargetSpec {
+            url: "http://h:1/probe?x=1".into(),
+            labels: BTreeMap::new(),
+            params: merged,
+        };
+        assert_eq!(
+            spec.scrape_url(),
+            "http://h:1/probe?x=1&module=nic&module=cpu&target=a%20b%26c"
+        );
+        let plain = TargetSpec {
+            params: Params::new(),
+            ..spec
+        };
+        assert_eq!(plain.scrape_url(), "http://h:1/probe?x=1");
+    }
+
+    #[test]
     fn job_and_instance_default_from_the_url() {
         let spec = TargetSpec {
             url: "http://10.1.2.3:8000/metrics".into(),
             labels: [("team".to_string(), "ml".to_string())].into(),
+            params: Params::new(),
         };
         let mut l = target_labels(&spec);
         l.sort();

@@ -1,14 +1,14 @@
 //! Targets from Prometheus' `file_sd` files: each file a list of groups
 //! `{targets: [host:port, …], labels: {…}}` (JSON or YAML), found by a glob whose last
 //! path element may hold `*` and `?`, reread when a file's size or modification time
-//! changes. `__scheme__` and `__metrics_path__` shape the URL, as in Prometheus; other
-//! labels starting with `__` are not put on series.
+//! changes. `__scheme__`, `__metrics_path__` and `__param_<name>` shape the URL, as in
+//! Prometheus; other labels starting with `__` are not put on series.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::TargetSpec;
+use super::{Params, TargetSpec};
 
 /// One group of a `file_sd` file.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,7 +85,7 @@ pub fn expand(pattern: &str) -> Vec<PathBuf> {
 /// The groups of one file as last read.
 struct Read {
     stamp: (u64, Option<SystemTime>),
-    targets: Vec<TargetSpec>,
+    groups: Vec<TargetGroup>,
 }
 
 /// The `file_sd` files' targets, reread only when a file changes. A file that no longer
@@ -96,8 +96,13 @@ pub struct FileSd {
 }
 
 impl FileSd {
-    /// The targets of every file `patterns` name now.
-    pub fn refresh(&mut self, patterns: &[String], parse: ParseGroups) -> Vec<TargetSpec> {
+    /// The targets of every file `patterns` name now; `params` are `scrape.params`.
+    pub fn refresh(
+        &mut self,
+        patterns: &[String],
+        parse: ParseGroups,
+        params: &Params,
+    ) -> Vec<TargetSpec> {
         let mut seen: Vec<PathBuf> = Vec::new();
         let mut out = Vec::new();
         for pattern in patterns {
@@ -117,9 +122,9 @@ impl FileSd {
                         .and_then(|t| parse(&t))
                     {
                         Ok(groups) => {
-                            let targets = targets_of(&groups, &path);
-                            tracing::info!(file = %path.display(), targets = targets.len(), "file_sd read");
-                            self.files.insert(path.clone(), Read { stamp, targets });
+                            let targets: usize = groups.iter().map(|g| g.targets.len()).sum();
+                            tracing::info!(file = %path.display(), targets, "file_sd read");
+                            self.files.insert(path.clone(), Read { stamp, groups });
                         }
                         Err(e) => {
                             tracing::warn!(file = %path.display(), error = %e, "file_sd file not read; its last targets stay");
@@ -130,7 +135,7 @@ impl FileSd {
                     }
                 }
                 if let Some(r) = self.files.get(&path) {
-                    out.extend(r.targets.iter().cloned());
+                    out.extend(targets_of(&r.groups, &path, params));
                 }
             }
         }
@@ -139,10 +144,16 @@ impl FileSd {
     }
 }
 
-/// A group's targets as URLs with their labels.
-fn targets_of(groups: &[TargetGroup], file: &Path) -> Vec<TargetSpec> {
+/// A group's targets as URLs with their labels and query parameters.
+fn targets_of(groups: &[TargetGroup], file: &Path, params: &Params) -> Vec<TargetSpec> {
     let mut out = Vec::new();
     for g in groups {
+        let own: Params = g
+            .labels
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("__param_")?.to_string(), vec![v.clone()])))
+            .collect();
+        let params = super::merge_params(params, &own);
         let scheme = g.labels.get("__scheme__").map_or("http", String::as_str);
         let path = g
             .labels
@@ -161,7 +172,11 @@ fn targets_of(groups: &[TargetGroup], file: &Path) -> Vec<TargetSpec> {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             labels.entry("instance".into()).or_insert_with(|| t.clone());
-            out.push(TargetSpec { url, labels });
+            out.push(TargetSpec {
+                url,
+                labels,
+                params: params.clone(),
+            });
         }
     }
     out
@@ -188,11 +203,23 @@ mod tests {
                 ("job".to_string(), "vllm".to_string()),
                 ("__metrics_path__".to_string(), "/m".to_string()),
                 ("__scheme__".to_string(), "https".to_string()),
+                ("__param_module".to_string(), "gpu".to_string()),
             ]
             .into(),
         }];
-        let t = targets_of(&g, Path::new("f"));
+        let global: Params = [
+            ("module".to_string(), vec!["x".to_string(), "y".to_string()]),
+            ("k".to_string(), vec!["v".to_string()]),
+        ]
+        .into();
+        let t = targets_of(&g, Path::new("f"), &global);
         assert_eq!(t[0].url, "https://10.0.0.1:8000/m");
+        assert_eq!(t[0].params["module"], vec!["gpu", "y"]);
+        assert_eq!(
+            t[0].scrape_url(),
+            "https://10.0.0.1:8000/m?k=v&module=gpu&module=y"
+        );
+        assert!(!t[0].labels.contains_key("__param_module"));
         assert_eq!(t[0].labels.get("instance").unwrap(), "10.0.0.1:8000");
         assert!(!t[0].labels.contains_key("__scheme__"));
     }

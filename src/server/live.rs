@@ -29,6 +29,9 @@ pub struct Live {
     reload: Option<ReloadHook>,
     /// The live tap (`/debug/tap`): outlives reloads, at most one open.
     tap: super::tap::Tap,
+    /// The scrape targets' states (`/api/v1/targets`): outlive reloads, as the
+    /// scraper's targets do.
+    targets: crate::scrape::status::Targets,
 }
 
 impl Live {
@@ -39,6 +42,7 @@ impl Live {
             lifecycle: false,
             reload: None,
             tap: Default::default(),
+            targets: Default::default(),
         }
     }
 
@@ -94,6 +98,10 @@ impl crate::scrape::Host for Live {
 
     fn ingest<'a>(&'a self, body: &'a [u8]) -> crate::scrape::DeliverFuture<'a> {
         Box::pin(super::ingest_internal(self, body))
+    }
+
+    fn targets(&self) -> &crate::scrape::status::Targets {
+        &self.targets
     }
 }
 

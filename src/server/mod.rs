@@ -225,6 +225,7 @@ pub fn router_live(live: Arc<Live>, write_paths: &[String]) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/renames", get(renames))
         .route("/api/v1/cardinality", get(cardinality::cardinality))
+        .route("/api/v1/targets", get(targets))
         .route("/-/healthy", get(|| async { "promnorm is healthy.\n" }))
         .route("/-/ready", get(ready))
         .route("/-/reload", post(live::reload).put(live::reload));
@@ -232,6 +233,21 @@ pub fn router_live(live: Arc<Live>, write_paths: &[String]) -> Router {
         r = r.route(p, post(write));
     }
     r.with_state(live)
+}
+
+/// The scrape targets and their last scrapes, as Prometheus' `/api/v1/targets`
+/// answers (docs/scrape.md); `?state=active|dropped|any`.
+async fn targets(State(live): State<Arc<Live>>, uri: axum::http::Uri) -> impl IntoResponse {
+    use crate::scrape::Host as _;
+    let state = uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("state="))
+            .map(str::to_string)
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::scrape::status::api_document(&live.targets().snapshot(), state.as_deref()),
+    )
 }
 
 async fn metrics(State(live): State<Arc<Live>>) -> impl IntoResponse {

@@ -91,6 +91,7 @@ pub fn router(live: Arc<Live>, opts: &WebOptions) -> Router {
         .route(&format!("{p}/explain"), get(pages::explain))
         .route(&format!("{p}/queries"), get(pages::queries))
         .route(&format!("{p}/cardinality"), get(cardinality::cardinality))
+        .route(&format!("{p}/targets"), get(pages::targets))
         .route(
             &format!("{p}/debug/normalize"),
             get(pages::normalize_form).post(pages::normalize_post),

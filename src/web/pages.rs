@@ -56,7 +56,7 @@ pub(super) fn page(
          <link rel=\"stylesheet\" href=\"{base}static/promnorm.css\"></head><body>\
          <nav><b>promnorm</b> <a href=\"{base}\">Status</a><a href=\"{base}rules\">Rules</a>\
          <a href=\"{base}explain\">Explain</a><a href=\"{base}debug/normalize\">Normalize</a><a href=\"{base}debug/tap\">Tap</a>\
-         <a href=\"{base}queries\">Queries</a><a href=\"{base}cardinality\">Cardinality</a><a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
+         <a href=\"{base}queries\">Queries</a><a href=\"{base}cardinality\">Cardinality</a><a href=\"{base}targets\">Targets</a><a href=\"{base}{root}metrics\">Metrics</a></nav><h1>{t}</h1>\n{body}</body></html>\n",
         t = esc(title),
     );
     (
@@ -201,6 +201,68 @@ pub(super) async fn status(State(ui): State<Arc<Ui>>) -> Response {
             .replace("{r}", &ui.root),
     );
     page(StatusCode::OK, "Status", "./", &ui.root, &b)
+}
+
+/// `/targets`: every scrape target, its labels and its last scrape (docs/scrape.md);
+/// the same table as `/api/v1/targets`.
+pub(super) async fn targets(State(ui): State<Arc<Ui>>) -> Response {
+    use crate::scrape::Host as _;
+    let list = ui.live.targets().snapshot();
+    let mut b = String::new();
+    if ui.live.current().scrape.is_none() {
+        b.push_str("<p>Scraping is off (no <code>scrape:</code> in the configuration; docs/scrape.md).</p>\n");
+    }
+    let up = list
+        .iter()
+        .filter(|(_, t)| t.health == crate::scrape::status::Health::Up)
+        .count();
+    let _ = write!(
+        b,
+        "<p>{} targets, {up} up. As JSON: <a href=\"{}api/v1/targets\">/api/v1/targets</a>.</p>\n\
+         <table><tr><th>Endpoint</th><th>State</th><th>Labels</th><th>Last scrape</th>\
+         <th>Duration</th><th>Samples</th><th>Error</th></tr>",
+        list.len(),
+        ui.root
+    );
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    for (_, t) in &list {
+        let labels: Vec<String> = t
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{}=\"{}\"", esc(k), esc(v)))
+            .collect();
+        let last = t.last_scrape_ms.map_or_else(
+            || "never".to_string(),
+            |ms| {
+                format!(
+                    "{} ago",
+                    ago(Duration::from_millis(
+                        now_ms.saturating_sub(ms).max(0) as u64
+                    ))
+                )
+            },
+        );
+        let class = match t.health {
+            crate::scrape::status::Health::Up => "ok",
+            crate::scrape::status::Health::Down => "bad",
+            crate::scrape::status::Health::Unknown => "",
+        };
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td class=\"{class}\">{}</td><td><code>{}</code></td><td>{last}</td>\
+             <td>{:.3}s</td><td>{}</td><td class=\"bad\">{}</td></tr>",
+            esc(&t.scrape_url),
+            t.health.as_str(),
+            labels.join(", "),
+            t.last_duration_seconds,
+            t.last_samples,
+            esc(&t.last_error),
+        );
+    }
+    b.push_str("</table>\n");
+    page(StatusCode::OK, "Targets", "./", &ui.root, &b)
 }
 
 /// `/rules?q=NAME`: every rule of the running configuration in phase order; `q` keeps

@@ -326,3 +326,126 @@ async fn a_file_sd_change_is_picked_up_without_a_restart() {
     proxy.shut_down().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `params` (`scrape.params`, a target's own, a `file_sd` group's `__param_<name>`)
+/// reach the target as its URL's query, and `/api/v1/targets` and `/targets` show every
+/// target with its scrape URL, labels and health, as Prometheus' agent would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn params_reach_the_target_and_the_targets_api_shows_each_target() {
+    // The exporter answers by `module` (as the blackbox and SNMP exporters do); a
+    // query without one is refused, so a lost parameter shows as `up 0`.
+    let app = axum::Router::new().route(
+        "/probe",
+        axum::routing::get(|uri: axum::http::Uri| async move {
+            let query = uri.query().unwrap_or("").to_string();
+            let modules: Vec<&str> = query
+                .split('&')
+                .filter_map(|kv| kv.strip_prefix("module="))
+                .collect();
+            if modules.is_empty() {
+                return (axum::http::StatusCode::BAD_REQUEST, String::new());
+            }
+            let region = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("region="))
+                .unwrap_or("none");
+            (
+                axum::http::StatusCode::OK,
+                format!(
+                    "probe_ok{{module=\"{}\",region=\"{region}\"}} 1\n",
+                    modules.join("+")
+                ),
+            )
+        }),
+    );
+    let target = serve(app).await;
+    let dir = std::env::temp_dir().join(format!("promnorm-it-params-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("t.json"),
+        format!(
+            "[{{\"targets\": [\"{target}\"], \"labels\": {{\"job\": \"sd\", \"__metrics_path__\": \"/probe\", \"__param_module\": \"nic\"}}}}]"
+        ),
+    )
+    .unwrap();
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let proxy = start_proxy(
+        &[backend],
+        &format!(
+            "scrape:\n  interval: 1s\n  timeout: 1s\n  file_sd_refresh: 1s\n  params: {{region: [eu]}}\n  \
+             file_sd: ['{}/*.json']\n  targets:\n    - url: http://{target}/probe\n      \
+             labels: {{job: static}}\n      params: {{module: [gpu, cpu]}}\n",
+            dir.display()
+        ),
+    )
+    .await;
+    let static_key = format!(
+        "probe_ok{{instance=\"{target}\",job=\"static\",module=\"gpu+cpu\",region=\"eu\"}}"
+    );
+    let sd_key =
+        format!("probe_ok{{instance=\"{target}\",job=\"sd\",module=\"nic\",region=\"eu\"}}");
+    until(
+        || {
+            let got = received(&rec);
+            got.contains_key(&static_key) && got.contains_key(&sd_key)
+        },
+        "both targets' probes, with their parameters",
+    )
+    .await;
+    let got = received(&rec);
+    for job in ["static", "sd"] {
+        let up = format!("up{{instance=\"{target}\",job=\"{job}\"}}");
+        assert_eq!(got.get(&up).map(|v| v[0]), Some(1.0), "{up}: {got:#?}");
+    }
+    // Both are listed, up, with the URL they were scraped at.
+    let api = format!("http://{}/api/v1/targets", proxy.addr);
+    let mut doc = serde_json::Value::Null;
+    for _ in 0..50 {
+        doc = serde_json::from_str(&get(&api).await.body).unwrap();
+        let healthy = doc["data"]["activeTargets"]
+            .as_array()
+            .is_some_and(|a| a.len() == 2 && a.iter().all(|t| t["health"] == "up"));
+        if healthy {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(doc["status"], "success");
+    assert_eq!(
+        doc["data"]["activeTargets"].as_array().map(Vec::len),
+        Some(2),
+        "{doc}"
+    );
+    let urls: Vec<String> = doc["data"]["activeTargets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["scrapeUrl"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        urls.contains(&format!(
+            "http://{target}/probe?module=gpu&module=cpu&region=eu"
+        )),
+        "{urls:?}"
+    );
+    assert!(
+        urls.contains(&format!("http://{target}/probe?module=nic&region=eu")),
+        "{urls:?}"
+    );
+    let sd = doc["data"]["activeTargets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["scrapePool"] == "sd")
+        .unwrap();
+    assert_eq!(sd["discoveredLabels"]["__param_module"], "nic");
+    assert_eq!(sd["labels"]["instance"], target.to_string());
+    assert!(sd["lastScrapeDuration"].as_f64().unwrap() > 0.0);
+    let page = get(&format!("http://{}/targets", proxy.addr)).await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("2 targets, 2 up"), "{}", page.body);
+    assert!(page.body.contains("module=nic"), "{}", page.body);
+    proxy.shut_down().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1225,3 +1225,100 @@ async fn damage_to_a_disk_queue_costs_only_the_damaged_record_and_a_bad_cursor_n
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A scrape target a reload removes gets its staleness markers (its series and its
+/// report series, bit for bit) and leaves `/api/v1/targets` and `/targets`; the one
+/// kept goes on being scraped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_removed_by_reload_gets_staleness_markers_and_leaves_the_status() {
+    let a = common::procs::serve_exposition("kept_gauge 1\n".into()).await;
+    let b = common::procs::serve_exposition("removed_gauge{x=\"y\"} 2\n".into()).await;
+    let (backend, rec) = fake_backend(Reply::ok()).await;
+    let target = |addr: SocketAddr, job: &str| {
+        format!("    - url: http://{addr}/metrics\n      labels: {{job: {job}}}\n")
+    };
+    let scrape = "scrape:\n  interval: 1s\n  timeout: 1s\n  targets:\n";
+    let both = format!(
+        "{}{scrape}{}{}",
+        backend_yaml(&backend, "1"),
+        target(a, "kept"),
+        target(b, "removed")
+    );
+    let s = Served::start("scrape-targets", &both, &[], &["--web.enable-lifecycle"]).await;
+    let jobs = |doc: &serde_json::Value| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = doc["data"]["activeTargets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                (
+                    t["scrapePool"].as_str().unwrap_or("").to_string(),
+                    t["health"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let up = |job: &str| (job.to_string(), "up".to_string());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc: serde_json::Value =
+            serde_json::from_str(&get(&s.url("/api/v1/targets")).await.body).unwrap();
+        if jobs(&doc) == [up("kept"), up("removed")] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{doc}\n{}", s.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = get(&s.url("/targets")).await.body;
+    assert!(page.contains(&format!("http://{b}/metrics")), "{page}");
+
+    s.write_config(&format!(
+        "{}{scrape}{}",
+        backend_yaml(&backend, "1"),
+        target(a, "kept")
+    ));
+    let r = common::post(&s.url("/-/reload"), vec![], &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let stale = |name: &str| {
+        received(&rec).iter().any(|(n, labels, _, v)| {
+            n == name
+                && labels.contains(&("job".to_string(), "removed".to_string()))
+                && v.to_bits() == promnorm::wire::STALE_NAN_BITS
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(stale("removed_gauge") && stale("up") && stale("scrape_samples_scraped")) {
+        assert!(
+            Instant::now() < deadline,
+            "no staleness markers: {}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let doc: serde_json::Value =
+        serde_json::from_str(&get(&s.url("/api/v1/targets")).await.body).unwrap();
+    assert_eq!(jobs(&doc), [up("kept")], "{doc}");
+    let page = get(&s.url("/targets")).await.body;
+    assert!(!page.contains(&format!("http://{b}/metrics")), "{page}");
+    assert!(page.contains(&format!("http://{a}/metrics")), "{page}");
+    // The kept target is still scraped after the removal.
+    let kept = |rec: &Recorded| {
+        received(rec)
+            .iter()
+            .filter(|(n, _, _, v)| n == "kept_gauge" && *v == 1.0)
+            .count()
+    };
+    let before = kept(&rec);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kept(&rec) <= before {
+        assert!(
+            Instant::now() < deadline,
+            "kept target not scraped: {}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.logs().contains("scrape target removed"), "{}", s.logs());
+}
