@@ -16,7 +16,7 @@ use axum::routing::get;
 use bytes::Bytes;
 use promql_parser::label::Matcher;
 
-use crate::forward::exposition::{ExpositionStore, FamilyMeta, Held, Point, key_labels};
+use crate::forward::exposition::{ExpositionStore, FamilyMeta, Held, KEY_SEP, Point, key_labels};
 use crate::mapping::number::{FloatStyle, write_float};
 use crate::wire::histogram::NativeHistogram;
 
@@ -332,7 +332,7 @@ struct Line<'a> {
     family: &'a str,
     metric_type: i32,
     /// The series' labels without `__name__` and `le`, as sort key.
-    group: Vec<u8>,
+    group: Group,
     /// The position of the name's suffix in its family (bucket, sum, count, created).
     rank: u8,
     le: f64,
@@ -359,18 +359,93 @@ fn suffix_rank(name: &str, family: &str) -> u8 {
     }
 }
 
-fn group_key(key: &[u8], hide: Option<&str>) -> Vec<u8> {
-    let mut g = Vec::with_capacity(key.len());
-    for (n, v) in key_labels(key) {
-        if n == "__name__" || n == "le" || Some(n) == hide {
-            continue;
+/// A series' labels without `__name__`, `le` and the hidden tenant label: the pieces of
+/// its key (byte ranges) that remain, so a million lines to sort hold no copy of their
+/// labels (one allocation each would stay in the allocator's free lists after the
+/// answer). Its order is the order of the pieces' bytes one after the other.
+#[derive(Clone, Copy)]
+struct Group {
+    pieces: [(u32, u32); 4],
+    len: u8,
+}
+
+impl Group {
+    fn of(key: &[u8], hide: Option<&str>) -> Group {
+        let mut g = Group {
+            pieces: [(0, 0); 4],
+            len: 0,
+        };
+        let mut pos = 0usize;
+        let mut open = false;
+        while pos < key.len() {
+            let Some(name_len) = memchr::memchr(KEY_SEP, &key[pos..]) else {
+                break;
+            };
+            let value_at = pos + name_len + 1;
+            let end =
+                memchr::memchr(KEY_SEP, &key[value_at..]).map_or(key.len(), |v| value_at + v + 1);
+            let name = &key[pos..pos + name_len];
+            let skip =
+                name == b"__name__" || name == b"le" || hide.is_some_and(|h| h.as_bytes() == name);
+            if skip {
+                open = false;
+            } else if open {
+                g.pieces[usize::from(g.len) - 1].1 = end as u32;
+            } else if usize::from(g.len) < g.pieces.len() {
+                // Only a key with a label name twice could need a fifth piece; such a
+                // key's lines may sort apart, never get lost.
+                g.pieces[usize::from(g.len)] = (pos as u32, end as u32);
+                g.len += 1;
+                open = true;
+            }
+            pos = end;
         }
-        g.extend_from_slice(n.as_bytes());
-        g.push(0xFF);
-        g.extend_from_slice(v.as_bytes());
-        g.push(0xFF);
+        g
     }
-    g
+
+    fn bytes<'k>(&self, key: &'k [u8]) -> impl Iterator<Item = &'k [u8]> + use<'k> {
+        let pieces = self.pieces;
+        (0..usize::from(self.len)).map(move |i| {
+            let (a, b) = pieces[i];
+            key.get(a as usize..b as usize).unwrap_or_default()
+        })
+    }
+}
+
+/// Compares two byte strings given as pieces, without joining them.
+fn cmp_pieces<'a>(
+    mut a: impl Iterator<Item = &'a [u8]>,
+    mut b: impl Iterator<Item = &'a [u8]>,
+) -> std::cmp::Ordering {
+    let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+    loop {
+        while x.is_empty() {
+            match a.next() {
+                Some(p) => x = p,
+                None => break,
+            }
+        }
+        while y.is_empty() {
+            match b.next() {
+                Some(p) => y = p,
+                None => break,
+            }
+        }
+        match (x.is_empty(), y.is_empty()) {
+            (true, true) => return std::cmp::Ordering::Equal,
+            (true, false) => return std::cmp::Ordering::Less,
+            (false, true) => return std::cmp::Ordering::Greater,
+            (false, false) => {}
+        }
+        let n = x.len().min(y.len());
+        match x[..n].cmp(&y[..n]) {
+            std::cmp::Ordering::Equal => {
+                x = &x[n..];
+                y = &y[n..];
+            }
+            other => return other,
+        }
+    }
 }
 
 fn series_name(key: &[u8]) -> &str {
@@ -402,7 +477,7 @@ pub fn render(
                 lines.push(Line {
                     family,
                     metric_type,
-                    group: group_key(&h.key, hide),
+                    group: Group::of(&h.key, hide),
                     rank: suffix_rank(name, family),
                     le,
                     held: h,
@@ -413,14 +488,14 @@ pub fn render(
                 if hist.parse(raw, 0, raw.len()).is_err() {
                     continue;
                 }
-                let group = group_key(&h.key, hide);
+                let group = Group::of(&h.key, hide);
                 let n = hist.custom_values.len();
                 for b in 0..=n {
                     let le = hist.custom_values.get(b).copied().unwrap_or(f64::INFINITY);
                     lines.push(Line {
                         family: name,
                         metric_type: HISTOGRAM,
-                        group: group.clone(),
+                        group,
                         rank: 1,
                         le,
                         held: h,
@@ -431,7 +506,7 @@ pub fn render(
                     lines.push(Line {
                         family: name,
                         metric_type: HISTOGRAM,
-                        group: group.clone(),
+                        group,
                         rank,
                         le: f64::NAN,
                         held: h,
@@ -444,7 +519,7 @@ pub fn render(
     lines.sort_by(|a, b| {
         a.family
             .cmp(b.family)
-            .then_with(|| a.group.cmp(&b.group))
+            .then_with(|| cmp_pieces(a.group.bytes(&a.held.key), b.group.bytes(&b.held.key)))
             .then(a.rank.cmp(&b.rank))
             .then(a.le.total_cmp(&b.le))
     });
@@ -754,6 +829,71 @@ mod tests {
             Format::OpenMetrics
         );
         assert_eq!(Format::negotiate(None), Format::Text004);
+    }
+
+    /// The pieces' order is the order of the labels left once `__name__`, `le` and the
+    /// hidden label are taken out, joined.
+    #[test]
+    fn groups_order_as_their_remaining_labels_joined() {
+        let key = |labels: &[(&str, &str)]| -> Vec<u8> {
+            let mut k = Vec::new();
+            for (n, v) in labels {
+                k.extend_from_slice(n.as_bytes());
+                k.push(KEY_SEP);
+                k.extend_from_slice(v.as_bytes());
+                k.push(KEY_SEP);
+            }
+            k
+        };
+        let joined = |k: &[u8], hide: Option<&str>| -> Vec<u8> {
+            let mut g = Vec::new();
+            for (n, v) in key_labels(k) {
+                if n != "__name__" && n != "le" && Some(n) != hide {
+                    g.extend_from_slice(n.as_bytes());
+                    g.push(KEY_SEP);
+                    g.extend_from_slice(v.as_bytes());
+                    g.push(KEY_SEP);
+                }
+            }
+            g
+        };
+        let keys = [
+            key(&[
+                ("A", "1"),
+                ("__name__", "x_bucket"),
+                ("job", "a"),
+                ("le", "0.5"),
+                ("t", "x"),
+                ("z", ""),
+            ]),
+            key(&[
+                ("__name__", "x_bucket"),
+                ("job", "a"),
+                ("le", "+Inf"),
+                ("t", "y"),
+            ]),
+            key(&[("__name__", "x_bucket"), ("job", "a"), ("le", "1")]),
+            key(&[("__name__", "x"), ("job", "ab")]),
+            key(&[("__name__", "x"), ("jo", "b")]),
+            key(&[("__name__", "x")]),
+            key(&[("__name__", "x"), ("job", "a"), ("t", "x"), ("z", "")]),
+        ];
+        for hide in [None, Some("t"), Some("job")] {
+            for a in &keys {
+                let ga = Group::of(a, hide);
+                assert_eq!(ga.bytes(a).collect::<Vec<_>>().concat(), joined(a, hide));
+                for b in &keys {
+                    let gb = Group::of(b, hide);
+                    assert_eq!(
+                        cmp_pieces(ga.bytes(a), gb.bytes(b)),
+                        joined(a, hide).cmp(&joined(b, hide)),
+                        "{:?} vs {:?} hiding {hide:?}",
+                        String::from_utf8_lossy(a),
+                        String::from_utf8_lossy(b)
+                    );
+                }
+            }
+        }
     }
 
     #[test]
