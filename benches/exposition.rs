@@ -91,7 +91,7 @@ fn benches(c: &mut Criterion) {
         honor_labels: false,
         honor_timestamps: true,
     };
-    let mut out = Batches { bodies: Vec::new() };
+    let mut out = Batches::expecting(0);
     let mut now_ms = fleet::FIXED_END_MS;
     g.bench_function("scrape_encode/promnorm", |b| {
         b.iter(|| {

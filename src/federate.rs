@@ -403,6 +403,20 @@ impl Group {
         g
     }
 
+    /// The order of `self` over `key` against `other` over `other_key`.
+    fn cmp(&self, key: &[u8], other: &Group, other_key: &[u8]) -> std::cmp::Ordering {
+        if self.len == 1 && other.len == 1 {
+            // The usual case (no `le`, `__name__` first): one range each.
+            let (a, b) = (self.pieces[0], other.pieces[0]);
+            let x = key.get(a.0 as usize..a.1 as usize).unwrap_or_default();
+            let y = other_key
+                .get(b.0 as usize..b.1 as usize)
+                .unwrap_or_default();
+            return x.cmp(y);
+        }
+        cmp_pieces(self.bytes(key), other.bytes(other_key))
+    }
+
     fn bytes<'k>(&self, key: &'k [u8]) -> impl Iterator<Item = &'k [u8]> + use<'k> {
         let pieces = self.pieces;
         (0..usize::from(self.len)).map(move |i| {
@@ -519,7 +533,7 @@ pub fn render(
     lines.sort_by(|a, b| {
         a.family
             .cmp(b.family)
-            .then_with(|| cmp_pieces(a.group.bytes(&a.held.key), b.group.bytes(&b.held.key)))
+            .then_with(|| a.group.cmp(&a.held.key, &b.group, &b.held.key))
             .then(a.rank.cmp(&b.rank))
             .then(a.le.total_cmp(&b.le))
     });
@@ -885,7 +899,7 @@ mod tests {
                 for b in &keys {
                     let gb = Group::of(b, hide);
                     assert_eq!(
-                        cmp_pieces(ga.bytes(a), gb.bytes(b)),
+                        ga.cmp(a, &gb, b),
                         joined(a, hide).cmp(&joined(b, hide)),
                         "{:?} vs {:?} hiding {hide:?}",
                         String::from_utf8_lossy(a),

@@ -61,6 +61,9 @@ pub struct ScrapeCounts {
 pub struct TargetEncoder {
     /// The target's labels, sorted by name (`job`, `instance` included).
     target_labels: Vec<(String, String)>,
+    /// Whether a target label's name starts with this byte: most series labels clash
+    /// with none, and this says so without a search.
+    target_first_bytes: [bool; 256],
     /// Series of the last successful scrape: hash → its encoded labels in `prev_arena`.
     prev: SeriesMap,
     prev_arena: Vec<u8>,
@@ -99,12 +102,32 @@ pub const BATCH_BYTES: usize = 1 << 20;
 
 pub struct Batches {
     pub bodies: Vec<Vec<u8>>,
+    /// The capacity a new body starts with.
+    reserve: usize,
 }
 
+/// What a body may pass `BATCH_BYTES` by: its last series (a few KiB at most, unless a
+/// series' labels are larger, which only grow that body).
+const BATCH_SLACK: usize = 16 << 10;
+
 impl Batches {
+    /// Bodies for a scrape expected to encode to about `expected` bytes (the last
+    /// one's): each reserved at once, so none is copied as it grows.
+    pub fn expecting(expected: usize) -> Batches {
+        Batches {
+            bodies: Vec::new(),
+            reserve: expected.clamp(64 << 10, BATCH_BYTES + BATCH_SLACK),
+        }
+    }
+
+    /// The bytes the bodies hold.
+    pub fn bytes(&self) -> usize {
+        self.bodies.iter().map(Vec::len).sum()
+    }
+
     fn current(&mut self) -> &mut Vec<u8> {
         if self.bodies.last().is_none_or(|b| b.len() >= BATCH_BYTES) {
-            self.bodies.push(Vec::with_capacity(64 << 10));
+            self.bodies.push(Vec::with_capacity(self.reserve));
         }
         let last = self.bodies.len() - 1;
         &mut self.bodies[last]
@@ -141,8 +164,15 @@ impl TargetEncoder {
     pub fn new(mut target_labels: Vec<(String, String)>) -> TargetEncoder {
         target_labels.sort();
         target_labels.dedup_by(|a, b| a.0 == b.0);
+        let mut target_first_bytes = [false; 256];
+        for (n, _) in &target_labels {
+            if let Some(&b) = n.as_bytes().first() {
+                target_first_bytes[usize::from(b)] = true;
+            }
+        }
         TargetEncoder {
             target_labels,
+            target_first_bytes,
             prev: SeriesMap::default(),
             prev_arena: Vec::new(),
             cur: SeriesMap::default(),
@@ -340,10 +370,13 @@ impl TargetEncoder {
             if name == b"__name__" {
                 return Err("a label named __name__ in the label set".into());
             }
-            let clashes = self
-                .target_labels
-                .binary_search_by(|(t, _)| t.as_bytes().cmp(name))
-                .is_ok();
+            let clashes = name
+                .first()
+                .is_some_and(|&b| self.target_first_bytes[usize::from(b)])
+                && self
+                    .target_labels
+                    .binary_search_by(|(t, _)| crate::wire::decode::name_cmp(t.as_bytes(), name))
+                    .is_ok();
             let value = if scratch {
                 Pair::Scratch(vs, ve)
             } else {
@@ -379,12 +412,13 @@ impl TargetEncoder {
                 Pair::Static(t) => t.as_bytes(),
             }
         };
+        // Label names are a few bytes: compared inline, not through memcmp.
         self.labels
-            .sort_unstable_by(|a, b| resolve(&a.0).cmp(resolve(&b.0)));
+            .sort_unstable_by(|a, b| crate::wire::decode::name_cmp(resolve(&a.0), resolve(&b.0)));
         if let Some(w) = self
             .labels
             .windows(2)
-            .find(|w| resolve(&w[0].0) == resolve(&w[1].0))
+            .find(|w| crate::wire::decode::short_eq(resolve(&w[0].0), resolve(&w[1].0)))
         {
             return Err(format!(
                 "label name {:?} is not unique",
@@ -423,7 +457,18 @@ impl TargetEncoder {
     }
 }
 
+#[inline]
 fn write_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    let (n, v) = (name.len(), value.len());
+    if n + v + 4 < 128 {
+        // The usual label: every length one byte, one reservation, four copies.
+        out.reserve(n + v + 6);
+        out.extend_from_slice(&[0x0a, (n + v + 4) as u8, 0x0a, n as u8]);
+        out.extend_from_slice(name);
+        out.extend_from_slice(&[0x12, v as u8]);
+        out.extend_from_slice(value);
+        return;
+    }
     put_key(out, 1, 2);
     let len = 2 + varint_len(name.len()) + name.len() + varint_len(value.len()) + value.len();
     put_varint(out, len as u64);
@@ -486,6 +531,33 @@ mod tests {
     use crate::wire::proto::prometheus::WriteRequest;
     use prost::Message;
 
+    /// Both ways of writing a label, one-byte lengths and longer ones, encode what
+    /// prost encodes for `TimeSeries.labels`.
+    #[test]
+    fn labels_encode_as_prost_does_at_every_length() {
+        use crate::wire::proto::prometheus::{Label, TimeSeries};
+        for (n, v) in [
+            (1, 1),
+            (8, 20),
+            (60, 63),
+            (61, 63),
+            (62, 63),
+            (100, 30),
+            (3, 300),
+        ] {
+            let name = "n".repeat(n);
+            let value = "v".repeat(v);
+            let mut ours = Vec::new();
+            write_label(&mut ours, name.as_bytes(), value.as_bytes());
+            let theirs = TimeSeries {
+                labels: vec![Label { name, value }],
+                ..Default::default()
+            }
+            .encode_to_vec();
+            assert_eq!(ours, theirs, "name {n} bytes, value {v} bytes");
+        }
+    }
+
     fn decode(out: &Batches) -> Vec<String> {
         let mut lines = Vec::new();
         for b in &out.bodies {
@@ -530,7 +602,7 @@ mod tests {
     #[test]
     fn target_labels_join_and_clashes_become_exported() {
         let mut t = target();
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         let c = t
             .encode_scrape(
                 b"# TYPE a gauge\na{job=\"x\",z=\"1\"} 2\nb 3 99\n",
@@ -549,7 +621,7 @@ mod tests {
                 "meta a 2 \"\" \"\"",
             ]
         );
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         let honor = EncodeOptions {
             honor_labels: true,
             honor_timestamps: false,
@@ -568,7 +640,7 @@ mod tests {
     #[test]
     fn vanished_series_and_failures_and_removal_go_stale() {
         let mut t = target();
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         t.encode_scrape(b"a 1\nb 2\nc 3 77\n", Format::Text004, 1000, OPTS, &mut out)
             .unwrap();
         t.encode_report(
@@ -580,7 +652,7 @@ mod tests {
             1000,
             &mut out,
         );
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         let c = t
             .encode_scrape(b"a 1\n", Format::Text004, 2000, OPTS, &mut out)
             .unwrap();
@@ -592,7 +664,7 @@ mod tests {
                 "__name__=b,instance=h:8000,job=vllm STALE @2000",
             ]
         );
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         assert_eq!(t.encode_failure(3000, &mut out), 1);
         t.encode_report(
             &Report {
@@ -606,7 +678,7 @@ mod tests {
         let got = decode(&out);
         assert_eq!(got[0], "__name__=a,instance=h:8000,job=vllm STALE @3000");
         assert_eq!(got[1], "__name__=up,instance=h:8000,job=vllm 0 @3000");
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         assert_eq!(t.encode_removal(4000, &mut out), 3);
         assert!(decode(&out).iter().all(|l| l.contains("STALE")));
     }
@@ -614,7 +686,7 @@ mod tests {
     #[test]
     fn duplicates_are_left_out_and_bad_label_sets_fail_the_scrape() {
         let mut t = target();
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         let c = t
             .encode_scrape(
                 b"a{x=\"1\"} 1\na{x=\"\"} 3\n",
@@ -629,12 +701,12 @@ mod tests {
             "an empty value is no label: a{{}} is another series"
         );
         assert_eq!(decode(&out).len(), 2);
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         let c = t
             .encode_scrape(b"a 1\na 2\n", Format::Text004, 1, OPTS, &mut out)
             .unwrap();
         assert_eq!(c.duplicates, 1);
-        let mut out = Batches { bodies: vec![] };
+        let mut out = Batches::expecting(0);
         assert!(
             t.encode_scrape(
                 b"a{x=\"1\",x=\"2\"} 1\n",

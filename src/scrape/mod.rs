@@ -304,13 +304,15 @@ async fn target_loop(
     let phase_key = fnv(&format!("{}{:?}", spec.url, spec.labels));
     let mut last_error: Option<String> = None;
     let url = spec.scrape_url();
+    // The last scrape's sizes: this one's buffers are reserved at once.
+    let (mut body_hint, mut encoded_hint) = (0usize, 0usize);
     loop {
         let s = *settings.borrow();
         let wait = until_next(phase_key, s.interval, unix_ms());
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stop => {
-                let mut out = Batches { bodies: Vec::new() };
+                let mut out = Batches::expecting(0);
                 let stale = enc.encode_removal(unix_ms(), &mut out);
                 metrics::counter!(crate::telemetry::SCRAPE_STALE).increment(stale);
                 tracing::info!(target = %url, stale_markers = stale, "scrape target removed");
@@ -321,7 +323,7 @@ async fn target_loop(
         }
         let started = Instant::now();
         let now_ms = unix_ms();
-        let fetched = tokio::time::timeout(s.timeout, fetch(&client, &url, &s)).await;
+        let fetched = tokio::time::timeout(s.timeout, fetch(&client, &url, &s, body_hint)).await;
         let fetched = match fetched {
             Ok(r) => r,
             Err(_) => Err(format!(
@@ -329,12 +331,13 @@ async fn target_loop(
                 s.timeout
             )),
         };
-        let mut out = Batches { bodies: Vec::new() };
+        let mut out = Batches::expecting(encoded_hint);
         let opts = EncodeOptions {
             honor_labels: s.encode.honor_labels,
             honor_timestamps: s.encode.honor_timestamps,
         };
         let outcome = fetched.and_then(|(body, format)| {
+            body_hint = body.len();
             enc.encode_scrape(&body, format, now_ms, opts, &mut out)
                 .map_err(|e| format!("parsing the exposition: {e}"))
         });
@@ -366,6 +369,7 @@ async fn target_loop(
             }
         };
         metrics::histogram!(crate::telemetry::SCRAPE_DURATION).record(duration);
+        encoded_hint = out.bytes();
         host.targets().scraped(
             &spec,
             &status::Scraped {
@@ -438,11 +442,13 @@ fn count_series(body: &[u8]) -> u64 {
     n
 }
 
-/// One HTTP scrape: the body (gunzipped) within `max_body_bytes`, and its format.
+/// One HTTP scrape: the body (gunzipped) within `max_body_bytes`, and its format;
+/// `size_hint` is the last body's size (its buffer is reserved at once).
 async fn fetch(
     client: &ScrapeClient,
     url: &str,
     s: &LoopSettings,
+    size_hint: usize,
 ) -> Result<(Vec<u8>, Format), String> {
     let req = http::Request::get(url)
         .header(http::header::ACCEPT, ACCEPT)
@@ -481,17 +487,19 @@ async fn fetch(
     let limit = s.max_body_bytes;
     let too_large =
         move || format!("the body is larger than scrape.max_body_bytes ({limit} bytes)");
-    if let Some(len) = resp
+    let declared = resp
         .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        && len > limit
-    {
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
         return Err(too_large());
     }
     let mut body = resp.into_body();
-    let mut raw: Vec<u8> = Vec::new();
+    // The declared length, or a little more than the last body (gzip: the last body is
+    // the gunzipped one, more than this one needs); never past the limit.
+    let expect = declared.unwrap_or(size_hint + size_hint / 8);
+    let mut raw: Vec<u8> = Vec::with_capacity(expect.min(limit));
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| format!("reading the body: {e}"))?;
         if let Ok(data) = frame.into_data() {

@@ -106,18 +106,62 @@ pub fn parse(
 }
 
 fn memchr_newline(body: &[u8], from: usize) -> usize {
-    body[from..]
+    memchr::memchr(b'\n', &body[from..]).map_or(body.len(), |p| from + p)
+}
+
+/// Per byte: bit 0, it may start a metric name; bit 1, continue one; bit 2, start a
+/// label name; bit 3, continue one. One load per byte instead of four compares.
+static NAME_BYTES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        let alpha = c.is_ascii_alphabetic() || c == b'_';
+        let digit = c.is_ascii_digit();
+        let mut v = 0;
+        if alpha || c == b':' {
+            v |= 1 | 2;
+        }
+        if digit {
+            v |= 2 | 8;
+        }
+        if alpha {
+            v |= 4 | 8;
+        }
+        t[b] = v;
+        b += 1;
+    }
+    t
+};
+
+/// The end of the run of bytes from `i` that `keep` keeps (or `end`): one pass over
+/// the slice, no bounds check per byte.
+#[inline]
+fn run_end(body: &[u8], i: usize, end: usize, keep: fn(u8) -> bool) -> usize {
+    body[i..end]
         .iter()
-        .position(|&b| b == b'\n')
-        .map_or(body.len(), |p| from + p)
+        .position(|&b| !keep(b))
+        .map_or(end, |p| i + p)
 }
 
+#[inline]
 fn is_name_start(b: u8) -> bool {
-    b.is_ascii_alphabetic() || b == b'_' || b == b':'
+    NAME_BYTES[usize::from(b)] & 1 != 0
 }
 
+#[inline]
 fn is_name_char(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b':'
+    NAME_BYTES[usize::from(b)] & 2 != 0
+}
+
+#[inline]
+fn is_label_start(b: u8) -> bool {
+    NAME_BYTES[usize::from(b)] & 4 != 0
+}
+
+#[inline]
+fn is_label_char(b: u8) -> bool {
+    NAME_BYTES[usize::from(b)] & 8 != 0
 }
 
 /// The first position from `i` that is not a space or tab (or `end`).
@@ -246,9 +290,7 @@ fn parse_sample(
             String::from_utf8_lossy(&body[i..end.min(i + 40)])
         ));
     }
-    while i < end && is_name_char(body[i]) {
-        i += 1;
-    }
+    i = run_end(body, i, end, is_name_char);
     s.name = name_start..i;
     if i < end && body[i] == b'{' {
         i += 1;
@@ -264,15 +306,13 @@ fn parse_sample(
                 break;
             }
             let ln_start = i;
-            if !(body[i].is_ascii_alphabetic() || body[i] == b'_') {
+            if !is_label_start(body[i]) {
                 return Err(format!(
                     "expected a label name at column {}",
                     i - name_start + 1
                 ));
             }
-            while i < end && (body[i].is_ascii_alphanumeric() || body[i] == b'_') {
-                i += 1;
-            }
+            i = run_end(body, i, end, is_label_char);
             let ln = ln_start..i;
             while i < end && (body[i] == b' ' || body[i] == b'\t') {
                 i += 1;
@@ -286,12 +326,22 @@ fn parse_sample(
             i += 2;
             let v_start = i;
             let mut escaped = false;
-            while i < end && body[i] != b'"' {
-                if body[i] == b'\\' {
-                    escaped = true;
-                    i += 1;
+            // The closing quote, past escapes: found 16 or 32 bytes at a time.
+            loop {
+                match memchr::memchr2(b'"', b'\\', &body[i.min(end)..end]) {
+                    Some(p) if body[i + p] == b'\\' => {
+                        escaped = true;
+                        i += p + 2;
+                    }
+                    Some(p) => {
+                        i += p;
+                        break;
+                    }
+                    None => {
+                        i = end;
+                        break;
+                    }
                 }
-                i += 1;
             }
             if i >= end {
                 return Err(format!(
@@ -301,8 +351,10 @@ fn parse_sample(
             }
             let raw = v_start..i;
             i += 1;
-            std::str::from_utf8(&body[raw.clone()])
-                .map_err(|_| "a label value is not UTF-8".to_string())?;
+            if !crate::wire::decode::all_ascii(&body[raw.clone()]) {
+                std::str::from_utf8(&body[raw.clone()])
+                    .map_err(|_| "a label value is not UTF-8".to_string())?;
+            }
             let loc = if escaped {
                 let from = s.scratch.len();
                 let mut k = raw.start;
